@@ -1,0 +1,824 @@
+"""The CompLL checker: types, shapes and the payload layout.
+
+``check(items, smap, name, params)`` turns parsed items into a typed, specialised
+``Program``: every expression carries its type, every random call its stream, and
+``program.layout`` lists the payload sections that ``encode`` writes and ``decode``
+reads back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hipress.errors import ConfigError
+
+from . import ir
+from .diagnostics import DslTypeError, LayoutError, SourceMap
+from .ir import FLOATS, INTS, PACKED_BITS, SCALARS, Length, Pos, Type
+from .typing_rules import arith_elem, is_int, is_numeric, promote_one
+
+__all__ = ["check", "BUILTINS", "ELEMENTWISE", "CASTS"]
+
+CASTS = frozenset(SCALARS)
+#: Scalar functions that also apply elementwise to arrays.
+ELEMENTWISE = frozenset(
+    {"abs", "sign", "floor", "ceil", "round", "sqrt", "min", "max", "exponent", "pow2",
+     "isnan", "isfinite"}
+)
+#: Operators on arrays and payloads.
+ARRAY_OPS = frozenset(
+    {"size", "iota", "map", "reduce", "filter", "sort", "topk", "random", "randint",
+     "concat", "extract", "scatter", "gather", "pack", "unpack"}
+)
+BUILTINS = CASTS | ELEMENTWISE | ARRAY_OPS
+_REDUCE_OPS = ("sum", "max", "min")
+_COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+_BITWISE = ("&", "|", "^")
+_SHIFT = ("<<", ">>")
+_BOOL = Type.scalar("bool")
+_U32 = Type.scalar("u32")
+
+
+class _Scope:
+    """Names visible in one function: arguments, lets and their defining values."""
+
+    def __init__(self, fn: str, names: dict[str, Type]) -> None:
+        self.fn = fn
+        self.types = dict(names)
+        self.values: dict[str, ir.Expr] = {}
+        self.lengths: dict[str, Length] = {}
+
+
+class _Checker:
+    def __init__(self, smap: SourceMap, name: str, param_types: dict[str, Type]) -> None:
+        self.smap = smap
+        self.name = name
+        self.param_types = param_types
+        self.param_values: dict[str, Any] = {}
+        self.scope = _Scope("", {})
+        self.lambda_env: dict[str, Type] | None = None
+        self.lambda_arrays: tuple[Length, ...] = ()
+        self.stream = 0
+        self.fresh = 0
+        self.layout: tuple[ir.Section, ...] | None = None
+
+    # -- errors ---------------------------------------------------------------------------
+    def err(self, message: str, pos: Pos | None, cls: type = DslTypeError) -> Exception:
+        return self.smap.error(cls, message, pos)
+
+    # -- lengths --------------------------------------------------------------------------
+    def fresh_length(self, what: str, pos: Pos) -> Length:
+        self.fresh += 1
+        return Length("sym", name=f"{what}@{pos.line}:{pos.column}")
+
+    def length_of_scalar(self, expr: ir.Expr) -> Length:
+        """The array length that the value of a scalar expression stands for."""
+        if isinstance(expr, ir.Const) and isinstance(expr.value, int):
+            return Length("const", int(expr.value))
+        if isinstance(expr, ir.Call) and expr.fn == "size" and expr.args:
+            ty = expr.args[0].ty
+            if ty is not None and ty.length is not None:
+                return ty.length
+        if isinstance(expr, ir.Var):
+            if expr.name in self.scope.lengths:
+                return self.scope.lengths[expr.name]
+            if expr.name in self.scope.values:
+                return self.length_of_scalar(self.scope.values[expr.name])
+            return Length("sym", name=f"{self.scope.fn}:{expr.name}")
+        return self.fresh_length("len", expr.pos)
+
+    def same_length(self, a: Type, b: Type, pos: Pos) -> None:
+        if a.length != b.length:
+            raise self.err(
+                f"arrays of different lengths ({a.length} and {b.length}) cannot be "
+                "combined elementwise", pos,
+            )
+
+    # -- top level ------------------------------------------------------------------------
+    def resolve_type(self, ty: Type, pos: Pos, for_param: bool = False) -> Type:
+        elem = ty.elem
+        if ty.kind == "named":
+            if elem == "bytes" and not for_param:
+                return Type("bytes")
+            if elem in SCALARS:
+                return Type.scalar(elem)
+            raise self.err(f"unknown type {elem!r}; use one of {', '.join(SCALARS)}", pos)
+        length = ty.length or Length("sym", name="?")
+        if length.kind == "sym" and length.name == "n":
+            length = Length("n")
+        if elem in ("u1", "u2", "u4"):
+            return Type("packed", "u8", length, bits=int(elem[1:]))
+        if elem in SCALARS:
+            return Type.array(elem, length)
+        raise self.err(
+            f"unknown element type {elem!r}; arrays hold {', '.join(SCALARS)} and packed "
+            "arrays are u1, u2, u4 or u8", pos,
+        )
+
+    # -- expressions ----------------------------------------------------------------------
+    def expr(self, e: ir.Expr) -> ir.Expr:
+        method: Callable[[Any], ir.Expr] = getattr(self, "expr_" + type(e).__name__.lower())
+        return method(e)
+
+    def expr_const(self, e: ir.Const) -> ir.Expr:
+        if isinstance(e.value, bool):
+            return dataclasses.replace(e, ty=_BOOL)
+        if isinstance(e.value, int):
+            if e.value > 0xFFFFFFFF:
+                raise self.err(f"integer literal {e.value} does not fit in 32 bits", e.pos)
+            return dataclasses.replace(e, ty=Type.scalar("i32", literal=True))
+        return dataclasses.replace(e, ty=Type.scalar("f32", literal=True))
+
+    def expr_var(self, e: ir.Var) -> ir.Expr:
+        if self.lambda_env is not None and e.name in self.lambda_env:
+            return dataclasses.replace(e, ty=self.lambda_env[e.name])
+        ty = self.scope.types.get(e.name) or self.param_types.get(e.name)
+        if ty is None:
+            if e.name in BUILTINS or e.name in _REDUCE_OPS:
+                raise self.err(f"{e.name!r} is an operator; call it as {e.name}(...)", e.pos)
+            raise self.err(f"undefined name {e.name!r}", e.pos)
+        if self.lambda_env is not None and ty.kind not in ("scalar",):
+            raise self.err(
+                f"array {e.name!r} cannot be used inside a lambda; pass it to map as "
+                "another argument", e.pos,
+            )
+        return dataclasses.replace(e, ty=ty)
+
+    def value_type(self, e: ir.Expr, what: str) -> Type:
+        assert e.ty is not None
+        if e.ty.kind not in ("scalar", "array"):
+            raise self.err(f"{what} needs a number or an array of numbers, not {e.ty}", e.pos)
+        return e.ty
+
+    def broadcast(self, types: list[Type], elem: str, pos: Pos, literal: bool = False) -> Type:
+        arrays = [t for t in types if t.kind == "array"]
+        for other in arrays[1:]:
+            self.same_length(arrays[0], other, pos)
+        if arrays:
+            return Type.array(elem, arrays[0].length)  # type: ignore[arg-type]
+        return Type.scalar(elem, literal=literal)
+
+    def expr_unary(self, e: ir.Unary) -> ir.Expr:
+        x = self.expr(e.operand)
+        ty = self.value_type(x, f"'{e.op}'")
+        if e.op == "not":
+            if ty.elem != "bool":
+                raise self.err(f"'not' needs a bool, not {ty}", e.pos)
+            return dataclasses.replace(e, operand=x, ty=ty)
+        if ty.elem == "bool":
+            raise self.err("cannot negate a bool; use 'not'", e.pos)
+        elem = promote_one(ty.elem)
+        return dataclasses.replace(e, operand=x, ty=self.broadcast([ty], elem, e.pos, ty.literal))
+
+    def expr_binary(self, e: ir.Binary) -> ir.Expr:
+        left, right = self.expr(e.left), self.expr(e.right)
+        lt = self.value_type(left, f"'{e.op}'")
+        rt = self.value_type(right, f"'{e.op}'")
+        literal = lt.literal and rt.literal
+        if e.op in ("and", "or"):
+            if lt.elem != "bool" or rt.elem != "bool":
+                raise self.err(f"'{e.op}' needs bools, got {lt} and {rt}", e.pos)
+            return dataclasses.replace(
+                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
+            )
+        if e.op in _BITWISE and lt.elem == "bool" and rt.elem == "bool":
+            return dataclasses.replace(
+                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
+            )
+        elem = arith_elem(lt, rt)
+        if e.op in _BITWISE + _SHIFT or e.op == "%":
+            if lt.elem in FLOATS or rt.elem in FLOATS or elem == "f32":
+                raise self.err(f"'{e.op}' needs integers, got {lt} and {rt}", e.pos)
+        if e.op in _SHIFT:
+            elem = "u32" if lt.literal and rt.elem == "u32" else promote_one(lt.elem)
+        if e.op in _COMPARE:
+            return dataclasses.replace(
+                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
+            )
+        return dataclasses.replace(
+            e, left=left, right=right, ty=self.broadcast([lt, rt], elem, e.pos, literal)
+        )
+
+    def expr_select(self, e: ir.Select) -> ir.Expr:
+        cond, then, other = self.expr(e.cond), self.expr(e.then), self.expr(e.other)
+        ct = self.value_type(cond, "'if'")
+        tt = self.value_type(then, "'then'")
+        ot = self.value_type(other, "'else'")
+        if ct.elem != "bool":
+            raise self.err(f"the condition of 'if' must be a bool, not {ct}", e.cond.pos)
+        if tt.elem == "bool" and ot.elem == "bool":
+            elem = "bool"
+        elif tt.elem == "bool" or ot.elem == "bool":
+            raise self.err(f"'then' and 'else' differ: {tt} and {ot}", e.pos)
+        else:
+            elem = arith_elem(tt, ot)
+        literal = tt.literal and ot.literal
+        ty = self.broadcast([ct, tt, ot], elem, e.pos, literal)
+        return dataclasses.replace(e, cond=cond, then=then, other=other, ty=ty)
+
+    def expr_lambda(self, e: ir.Lambda) -> ir.Expr:
+        raise self.err("a lambda can only be passed to map, reduce, filter, sort or topk", e.pos)
+
+    def lambda_body(self, lam: ir.Expr, params: tuple[Type, ...], what: str) -> ir.Lambda:
+        """Check a lambda (or a builtin name such as ``abs``) applied per element."""
+        if isinstance(lam, ir.Var) and lam.name in ELEMENTWISE | CASTS and len(params) == 1:
+            lam = ir.Lambda(("_x",), ir.Call(lam.name, (ir.Var("_x", lam.pos),), (), lam.pos),
+                            lam.pos)
+        if not isinstance(lam, ir.Lambda):
+            raise self.err(f"{what} needs a lambda such as 'x -> abs(x)'", lam.pos)
+        if len(lam.params) != len(params):
+            raise self.err(
+                f"{what} passes {len(params)} value(s) per element but the lambda takes "
+                f"{len(lam.params)}", lam.pos,
+            )
+        if len(set(lam.params)) != len(lam.params):
+            raise self.err("lambda parameters must have distinct names", lam.pos)
+        outer = self.lambda_env
+        if outer is not None:
+            raise self.err("lambdas cannot be nested", lam.pos)
+        self.lambda_env = {
+            p: Type.scalar(t.elem) for p, t in zip(lam.params, params, strict=True)
+        }
+        try:
+            body = self.expr(lam.body)
+        finally:
+            self.lambda_env = outer
+        assert body.ty is not None
+        if body.ty.kind != "scalar":
+            raise self.err(f"a lambda must give one value per element, not {body.ty}", lam.pos)
+        ty = Type.scalar(body.ty.elem)
+        return dataclasses.replace(lam, body=body, ty=ty, param_types=params)
+
+    def expr_call(self, e: ir.Call) -> ir.Expr:
+        if e.fn not in BUILTINS:
+            near = sorted(b for b in BUILTINS if b[:2] == e.fn[:2])
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise self.err(f"unknown function {e.fn!r}{hint}", e.pos)
+        if e.fn in CASTS:
+            return self.call_cast(e)
+        if e.fn in ELEMENTWISE:
+            return self.call_elementwise(e)
+        method: Callable[[ir.Call], ir.Expr] = getattr(self, "call_" + e.fn)
+        return method(e)
+
+    def arity(self, e: ir.Call, n: int | tuple[int, int], kwargs: tuple[str, ...] = ()) -> None:
+        lo, hi = (n, n) if isinstance(n, int) else n
+        if not lo <= len(e.args) <= hi:
+            want = str(lo) if lo == hi else f"{lo} to {hi}"
+            raise self.err(f"{e.fn} takes {want} argument(s), got {len(e.args)}", e.pos)
+        for key, value in e.kwargs:
+            if key not in kwargs:
+                allowed = ", ".join(kwargs) if kwargs else "none"
+                raise self.err(
+                    f"{e.fn} has no keyword argument {key!r} (allowed: {allowed})", value.pos
+                )
+
+    def typed_args(self, e: ir.Call) -> tuple[ir.Expr, ...]:
+        return tuple(self.expr(a) for a in e.args)
+
+    def call_cast(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1)
+        (x,) = self.typed_args(e)
+        ty = self.value_type(x, e.fn)
+        return dataclasses.replace(e, args=(x,), ty=self.broadcast([ty], e.fn, e.pos))
+
+    def call_elementwise(self, e: ir.Call) -> ir.Expr:
+        nargs = 2 if e.fn in ("min", "max") else 1
+        self.arity(e, nargs)
+        args = self.typed_args(e)
+        types = [self.value_type(a, e.fn) for a in args]
+        if any(t.elem == "bool" for t in types):
+            raise self.err(f"{e.fn} needs numbers, not bool", e.pos)
+        if e.fn in ("min", "max"):
+            operand = arith_elem(types[0], types[1])
+            elem = operand
+        elif e.fn in ("floor", "ceil", "round", "sqrt"):
+            operand = elem = "f32"
+        elif e.fn in ("isnan", "isfinite"):
+            operand, elem = "f32", "bool"
+        elif e.fn == "exponent":
+            operand, elem = "f32", "i32"
+        elif e.fn == "pow2":
+            if not is_int(types[0].elem):
+                raise self.err("pow2 takes an integer exponent", e.pos)
+            operand, elem = "i32", "f32"
+        else:  # abs, sign
+            operand = elem = promote_one(types[0].elem)
+        literal = all(t.literal for t in types) and elem != "bool"
+        ty = self.broadcast(types, elem, e.pos, literal)
+        return dataclasses.replace(e, args=args, ty=ty, operand_ty=Type.scalar(operand))
+
+    def array_arg(self, x: ir.Expr, what: str, packed: bool = False) -> Type:
+        assert x.ty is not None
+        kinds = ("array", "packed") if packed else ("array",)
+        if x.ty.kind not in kinds:
+            raise self.err(f"{what} needs an array, not {x.ty}", x.pos)
+        return x.ty
+
+    def scalar_arg(self, x: ir.Expr, what: str, ints: bool = False) -> Type:
+        assert x.ty is not None
+        if x.ty.kind != "scalar" or (ints and not is_int(x.ty.elem)):
+            kind = "an integer" if ints else "a number"
+            raise self.err(f"{what} needs {kind}, not {x.ty}", x.pos)
+        return x.ty
+
+    def const_kwarg(self, e: ir.Call, key: str, default: Any, ints: bool = True) -> Any:
+        raw = e.kwarg(key)
+        if raw is None:
+            return default
+        value = self.const_value(self.expr(raw))
+        if ints and (isinstance(value, bool) or not isinstance(value, int)):
+            raise self.err(f"{key}= must be a constant integer", raw.pos)
+        return value
+
+    def const_value(self, x: ir.Expr) -> Any:
+        """Evaluate a constant expression (literals and parameters)."""
+        from .interpreter import eval_constant
+
+        try:
+            return eval_constant(x, self.param_values)
+        except KeyError:
+            raise self.err("this must be a constant (literals and params only)", x.pos) \
+                from None
+
+    def call_size(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1)
+        (a,) = self.typed_args(e)
+        self.array_arg(a, "size", packed=True)
+        return dataclasses.replace(e, args=(a,), ty=_U32)
+
+    def call_iota(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1)
+        (k,) = self.typed_args(e)
+        self.scalar_arg(k, "iota", ints=True)
+        return dataclasses.replace(e, args=(k,), ty=Type.array("u32", self.length_of_scalar(k)))
+
+    def call_map(self, e: ir.Call) -> ir.Expr:
+        if len(e.args) < 2:
+            raise self.err("map takes one or more arrays and then a lambda", e.pos)
+        self.arity(e, (2, 9))
+        arrays = tuple(self.expr(a) for a in e.args[:-1])
+        types = [self.array_arg(a, "map") for a in arrays]
+        for t in types[1:]:
+            self.same_length(types[0], t, e.pos)
+        lam = self.lambda_body(e.args[-1], tuple(types), "map")
+        assert lam.ty is not None
+        ty = Type.array(lam.ty.elem, types[0].length)  # type: ignore[arg-type]
+        return dataclasses.replace(e, args=arrays + (lam,), ty=ty)
+
+    def key_lambda(self, e: ir.Call, elem: str) -> ir.Lambda | None:
+        key = e.kwarg("key")
+        if key is None:
+            return None
+        return self.lambda_body(key, (Type.scalar(elem),), f"{e.fn}'s key")
+
+    @staticmethod
+    def with_key(e: ir.Call, key: ir.Lambda | None) -> tuple[tuple[str, ir.Expr], ...]:
+        """``e``'s keyword arguments with ``key`` replaced by its checked lambda."""
+        kwargs = tuple((k, v) for k, v in e.kwargs if k != "key")
+        return kwargs + ((("key", key),) if key is not None else ())
+
+    def call_reduce(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 2, ("key",))
+        a = self.expr(e.args[0])
+        at = self.array_arg(a, "reduce")
+        op = e.args[1]
+        if not isinstance(op, ir.Var) or op.name not in _REDUCE_OPS:
+            raise self.err("reduce's operator must be sum, max or min", op.pos)
+        key = self.key_lambda(e, at.elem)
+        elem = key.ty.elem if key is not None and key.ty is not None else at.elem
+        if op.name == "sum":
+            out = "f32" if elem in FLOATS else ("i32" if elem == "i32" else "u32")
+        else:
+            if elem == "bool":
+                raise self.err(f"reduce {op.name} needs numbers, not bool", e.pos)
+            out = promote_one(elem) if elem in FLOATS else elem
+        kwargs = (("key", key),) if key is not None else ()
+        return dataclasses.replace(
+            e, args=(a, op), kwargs=kwargs, ty=Type.scalar(out), operand_ty=Type.scalar(elem)
+        )
+
+    def index_flag(self, e: ir.Call) -> bool:
+        raw = e.kwarg("index")
+        if raw is None:
+            return False
+        if not isinstance(raw, ir.Const) or not isinstance(raw.value, bool):
+            raise self.err("index= must be true or false", raw.pos)
+        return raw.value
+
+    def indexed_result(self, e: ir.Call, elem: str, length: Length, index: bool) -> Type:
+        values = Type.array(elem, length)
+        if not index:
+            return values
+        return Type("tuple", items=(Type.array("u32", length), values))
+
+    def call_filter(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 2, ("index",))
+        a = self.expr(e.args[0])
+        at = self.array_arg(a, "filter")
+        pred = self.lambda_body(e.args[1], (at,), "filter")
+        if pred.ty is None or pred.ty.elem != "bool":
+            raise self.err("filter's predicate must give a bool", e.args[1].pos)
+        ty = self.indexed_result(e, at.elem, self.fresh_length("filter", e.pos),
+                                 self.index_flag(e))
+        return dataclasses.replace(e, args=(a, pred), ty=ty)
+
+    def call_sort(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1, ("key", "descending", "index"))
+        a = self.expr(e.args[0])
+        at = self.array_arg(a, "sort")
+        key = self.key_lambda(e, at.elem)
+        desc = e.kwarg("descending")
+        if desc is not None and not (isinstance(desc, ir.Const) and isinstance(desc.value, bool)):
+            raise self.err("descending= must be true or false", desc.pos)
+        ty = self.indexed_result(e, at.elem, at.length, self.index_flag(e))  # type: ignore
+        return dataclasses.replace(e, args=(a,), kwargs=self.with_key(e, key), ty=ty)
+
+    def call_topk(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 2, ("key", "index"))
+        a, k = self.expr(e.args[0]), self.expr(e.args[1])
+        at = self.array_arg(a, "topk")
+        self.scalar_arg(k, "topk's k", ints=True)
+        key = self.key_lambda(e, at.elem)
+        length = self.fresh_length("topk", e.pos)
+        ty = self.indexed_result(e, at.elem, length, self.index_flag(e))
+        return dataclasses.replace(e, args=(a, k), kwargs=self.with_key(e, key), ty=ty)
+
+    def random_stream(self, e: ir.Call) -> int:
+        if self.lambda_env is None:
+            raise self.err(
+                f"{e.fn}() draws one number per element; call it inside a map lambda", e.pos
+            )
+        explicit = self.const_kwarg(e, "stream", None)
+        if explicit is not None:
+            if not 0 <= explicit < 2**16:
+                raise self.err("stream= must be in 0..65535", e.pos)
+            return int(explicit)
+        self.stream += 1
+        return 2**16 + self.stream - 1  # automatic streams never collide with explicit ones
+
+    def call_random(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 0, ("stream",))
+        stream = self.random_stream(e)
+        return dataclasses.replace(e, kwargs=(), ty=Type.scalar("f32"), stream=stream)
+
+    def call_randint(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1, ("stream",))
+        stream = self.random_stream(e)
+        (hi,) = self.typed_args(e)
+        self.scalar_arg(hi, "randint", ints=True)
+        return dataclasses.replace(e, args=(hi,), kwargs=(), ty=_U32, stream=stream)
+
+    def call_gather(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 2)
+        a, idx = self.typed_args(e)
+        at, it = self.array_arg(a, "gather"), self.array_arg(idx, "gather's indices")
+        if not is_int(it.elem):
+            raise self.err(f"gather's indices must be integers, not {it}", idx.pos)
+        return dataclasses.replace(e, args=(a, idx), ty=Type.array(at.elem, it.length))  # type: ignore
+
+    def call_scatter(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 3)
+        idx, vals, n = self.typed_args(e)
+        it, vt = self.array_arg(idx, "scatter's indices"), self.array_arg(vals, "scatter")
+        if not is_int(it.elem):
+            raise self.err(f"scatter's indices must be integers, not {it}", idx.pos)
+        if vt.elem == "bool":
+            raise self.err("scatter needs numeric values, not bool", vals.pos)
+        self.same_length(it, vt, e.pos)
+        self.scalar_arg(n, "scatter's size", ints=True)
+        ty = Type.array(vt.elem, self.length_of_scalar(n))
+        return dataclasses.replace(e, args=(idx, vals, n), ty=ty)
+
+    def call_pack(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1, ("bits",))
+        (a,) = self.typed_args(e)
+        at = self.array_arg(a, "pack")
+        if not (is_int(at.elem) or at.elem == "bool"):
+            raise self.err(f"pack needs integers or bools, not {at}; cast with u8(...)", a.pos)
+        if e.kwarg("bits") is None:
+            raise self.err("pack needs bits=1, 2, 4 or 8", e.pos)
+        bits = self.const_kwarg(e, "bits", 8)
+        if bits not in PACKED_BITS:
+            raise self.err(f"pack's bits must be 1, 2, 4 or 8, not {bits}", e.kwarg("bits").pos)  # type: ignore[union-attr]
+        ty = Type("packed", "u8", at.length, bits=bits)
+        return dataclasses.replace(e, args=(a,), kwargs=(), ty=ty)
+
+    def call_unpack(self, e: ir.Call) -> ir.Expr:
+        self.arity(e, 1)
+        (a,) = self.typed_args(e)
+        at = self.array_arg(a, "unpack", packed=True)
+        if at.kind != "packed":
+            raise self.err(f"unpack needs a packed array, not {at}", a.pos)
+        return dataclasses.replace(e, args=(a,), ty=Type.array("u8", at.length))  # type: ignore
+
+    def call_concat(self, e: ir.Call) -> ir.Expr:
+        raise self.err("concat builds the payload: use it only as 'return concat(...)' in "
+                       "encode", e.pos)
+
+    def call_extract(self, e: ir.Call) -> ir.Expr:
+        raise self.err("extract reads the payload: use it only as 'let a, b = extract(p)' "
+                       "in decode", e.pos)
+
+    # -- statements -----------------------------------------------------------------------
+    def bind(self, name: str, ty: Type, pos: Pos) -> None:
+        if name in self.scope.types or name in self.param_types:
+            raise self.err(f"{name!r} is already defined", pos)
+        if name in BUILTINS or name in _REDUCE_OPS:
+            raise self.err(f"{name!r} is a builtin and cannot be redefined", pos)
+        self.scope.types[name] = Type(ty.kind, ty.elem, ty.length, ty.bits, ty.items)
+
+    def annotation_matches(self, want: Type, got: Type) -> bool:
+        if got.kind == "packed" and got.bits == 8 and want.kind == "array" and want.elem == "u8":
+            want = Type("packed", "u8", want.length, bits=8)  # u8[n] names 8-bit packed data
+        if want.kind != got.kind or want.elem != got.elem or want.bits != got.bits:
+            return False
+        if want.kind in ("array", "packed") and want.length is not None:
+            if want.length.kind == "sym" and want.length.name == "?":
+                return True
+            if want.length.kind == "sym":
+                return got.length == self.scope.lengths.get(want.length.name, want.length)
+            return want.length == got.length
+        return True
+
+    def stmt_let(self, s: ir.Let, decode_arg: str | None) -> ir.Let:
+        value = s.value
+        if isinstance(value, ir.Call) and value.fn == "extract":
+            return self.let_extract(s, decode_arg)
+        checked = self.expr(value)
+        assert checked.ty is not None
+        if checked.ty.kind == "tuple":
+            types: tuple[Type, ...] = checked.ty.items
+        else:
+            types = (checked.ty,)
+        if len(types) != len(s.names):
+            raise self.err(
+                f"the value gives {len(types)} result(s) but {len(s.names)} name(s) are bound",
+                s.pos,
+            )
+        for name, ann, ty, pos in zip(s.names, s.annotations, types, s.annotation_pos,
+                                      strict=True):
+            if ann is not None:
+                want = self.resolve_type(ann, pos)
+                lit_ok = ty.literal and want.kind == "scalar" and is_numeric(want.elem)
+                if not lit_ok and not self.annotation_matches(want, ty):
+                    raise self.err(f"{name!r} is declared {want} but the value is {ty}", pos)
+                if lit_ok:
+                    ty = want
+            self.bind(name, ty, pos)
+        if len(s.names) == 1:
+            self.scope.values[s.names[0]] = checked
+        return dataclasses.replace(s, value=checked)
+
+    def let_extract(self, s: ir.Let, decode_arg: str | None) -> ir.Let:
+        call = s.value
+        assert isinstance(call, ir.Call)
+        if self.scope.fn != "decode" or self.layout is None:
+            raise self.err("extract can only be used in decode", call.pos)
+        if len(call.args) != 1 or call.kwargs:
+            raise self.err("extract takes the payload argument only", call.pos)
+        arg = call.args[0]
+        if not isinstance(arg, ir.Var) or arg.name != decode_arg:
+            raise self.err(f"extract reads decode's payload argument {decode_arg!r}", arg.pos)
+        if len(s.names) != len(self.layout):
+            raise self.err(
+                f"encode writes {len(self.layout)} section(s) but decode extracts "
+                f"{len(s.names)}", s.pos, LayoutError,
+            )
+        types = []
+        for i, (section, name, ann, pos) in enumerate(
+            zip(self.layout, s.names, s.annotations, s.annotation_pos, strict=True)
+        ):
+            ty = section_type_in_decode(section)
+            if ann is not None:
+                want = self.resolve_type(ann, pos)
+                if not self.annotation_matches(want, ty):
+                    raise self.err(
+                        f"section {i + 1} ({name!r}): encode writes {section.ty} but decode "
+                        f"expects {want}", pos, LayoutError,
+                    )
+            self.bind(name, ty, pos)
+            types.append(ty)
+        checked = dataclasses.replace(
+            call, args=(dataclasses.replace(arg, ty=Type("bytes")),),
+            ty=Type("tuple", items=tuple(types)),
+        )
+        return dataclasses.replace(s, value=checked)
+
+    def function(self, fn: ir.Function) -> ir.Function:
+        self.stream = 0
+        body: list[ir.Stmt] = []
+        decode_arg = None
+        if fn.name == "encode":
+            (gname, _), = fn.args
+            self.scope = _Scope("encode", {gname: Type.array("f32", Length("n"))})
+        else:
+            (pname, _), (nname, _) = fn.args
+            decode_arg = pname
+            self.scope = _Scope("decode", {pname: Type("bytes"), nname: _U32})
+            self.scope.lengths[nname] = Length("n")
+        returned = False
+        for stmt in fn.body:
+            if returned:
+                raise self.err("code after return is never run", stmt.pos)
+            if isinstance(stmt, ir.Let):
+                body.append(self.stmt_let(stmt, decode_arg))
+                continue
+            returned = True
+            body.append(self.stmt_return(fn, stmt))
+        if not returned:
+            raise self.err(f"{fn.name} must end with a return statement", fn.pos)
+        return dataclasses.replace(fn, body=tuple(body))
+
+    def stmt_return(self, fn: ir.Function, s: ir.Return) -> ir.Return:
+        if fn.name == "encode":
+            value = s.value
+            if not (isinstance(value, ir.Call) and value.fn == "concat"):
+                raise self.err("encode must return concat(...) of the payload sections",
+                               value.pos)
+            if value.kwargs or not value.args:
+                raise self.err("concat takes one or more sections and no keywords", value.pos)
+            items = self.typed_args(value)
+            self.layout = tuple(self.section(x) for x in items)
+            return dataclasses.replace(
+                s, value=dataclasses.replace(value, args=items, ty=Type("bytes"))
+            )
+        value = self.expr(s.value)
+        assert value.ty is not None
+        if value.ty.kind != "array" or value.ty.elem != "f32" or value.ty.length != Length("n"):
+            raise self.err(f"decode must return an f32 array of n elements, not {value.ty}",
+                           s.value.pos)
+        return dataclasses.replace(s, value=value)
+
+    def section(self, x: ir.Expr) -> ir.Section:
+        ty = x.ty
+        assert ty is not None
+        if ty.kind == "scalar":
+            if ty.elem == "bool":
+                raise self.err("a bool cannot go into a payload; cast it with u8(...)", x.pos)
+            return ir.Section(Type.scalar(promote_one(ty.elem) if ty.literal else ty.elem))
+        if ty.kind == "array":
+            if ty.elem == "bool":
+                raise self.err("bool arrays cannot go into a payload; pack(..., bits=1) them",
+                               x.pos)
+            assert ty.length is not None
+            group = ty.length.name if ty.length.kind == "sym" else ""
+            return ir.Section(ty, group)
+        if ty.kind == "packed":
+            assert ty.length is not None
+            if ty.length.kind == "sym":
+                raise self.err("a packed array in a payload must have n or a constant number "
+                               "of elements", x.pos, LayoutError)
+            return ir.Section(ty)
+        raise self.err(f"concat takes scalars and arrays, not {ty}", x.pos)
+
+
+def section_type_in_decode(section: ir.Section) -> Type:
+    """The type decode sees for a section: run-time lengths become one symbol per group."""
+    ty = section.ty
+    if ty.kind in ("array", "packed") and ty.length is not None and ty.length.kind == "sym":
+        return dataclasses.replace(ty, length=Length("sym", name=f"payload:{section.group}"))
+    return ty
+
+
+def _signature_error(checker: _Checker, fn: ir.Function) -> None:
+    want = {
+        "encode": "encode(g: f32[]) -> bytes",
+        "decode": "decode(p: bytes, n: u32) -> f32[n]",
+    }[fn.name]
+    ok = True
+    if fn.name == "encode":
+        ok = (len(fn.args) == 1 and fn.args[0][1].kind == "named_array"
+              and fn.args[0][1].elem == "f32" and fn.returns.elem == "bytes"
+              and fn.returns.kind == "named")
+    else:
+        ok = (len(fn.args) == 2 and fn.args[0][1].kind == "named" and fn.args[0][1].elem == "bytes"
+              and fn.args[1][1].kind == "named" and fn.args[1][1].elem == "u32"
+              and fn.returns.kind == "named_array" and fn.returns.elem == "f32")
+    if not ok:
+        raise checker.err(f"{fn.name} must be declared as '{want}'", fn.pos)
+
+
+def _coerce_param(checker: _Checker, param: ir.Param, value: Any, pos: Pos | None) -> Any:
+    elem = param.ty.elem
+    if elem == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{checker.name}: parameter {param.name} must be true or false, "
+                              f"got {value!r}")
+        return value
+    if isinstance(value, bool):
+        raise ConfigError(f"{checker.name}: parameter {param.name} is {elem}, got a bool")
+    if elem in INTS:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int):
+            raise ConfigError(f"{checker.name}: parameter {param.name} is {elem} (an integer), "
+                              f"got {value!r}")
+        lo, hi = (0, 2**32 - 1) if elem == "u32" else (-(2**31), 2**31 - 1)
+        if elem == "u8":
+            hi = 255
+        if not lo <= value <= hi:
+            raise ConfigError(f"{checker.name}: parameter {param.name}={value} is out of the "
+                              f"{elem} range {lo}..{hi}")
+        return value
+    if not isinstance(value, (int, float)):
+        raise ConfigError(f"{checker.name}: parameter {param.name} is {elem}, got {value!r}")
+    return float(np.float32(value))  # parameters hold exactly the f32 the kernels see
+
+
+def check(
+    items: list, smap: SourceMap, name: str, overrides: dict[str, Any] | None = None
+) -> ir.Program:
+    """Check parsed items and specialise them for parameter values.
+
+    Args:
+        items: what ``parser.parse`` returned.
+        smap: its source map, for error positions.
+        name: the algorithm name (the file stem).
+        overrides: parameter values that replace the declared defaults.
+
+    Returns:
+        The typed ``Program``, with ``layout`` and ``param_values`` filled in.
+
+    Raises:
+        DslTypeError, LayoutError: on an ill-formed program.
+        ConfigError: on an unknown or ill-typed parameter, or a failed ``require``.
+    """
+    overrides = dict(overrides or {})
+    checker = _Checker(smap, name, {})
+    params: list[ir.Param] = []
+    requires: list[ir.Require] = []
+    funcs: dict[str, ir.Function] = {}
+    unbiased = False
+    for item in items:
+        if isinstance(item, ir.Param):
+            if item.name in checker.param_types or item.name in BUILTINS:
+                raise checker.err(f"parameter {item.name!r} is already defined", item.pos)
+            ty = checker.resolve_type(item.ty, item.pos, for_param=True)
+            if ty.kind != "scalar" or ty.elem in ("f16", "u8"):
+                raise checker.err("a parameter is f32, i32, u32 or bool", item.pos)
+            default = checker.expr(item.default)
+            assert default.ty is not None
+            if default.ty.kind != "scalar":
+                raise checker.err("a parameter's default must be a scalar", item.default.pos)
+            value = checker.const_value(default)
+            if item.name in overrides:
+                value = overrides.pop(item.name)
+            param = ir.Param(item.name, ty, default, item.pos)
+            checker.param_values[item.name] = _coerce_param(checker, param, value, item.pos)
+            checker.param_types[item.name] = ty
+            params.append(param)
+        elif isinstance(item, ir.Require):
+            requires.append(item)
+        elif isinstance(item, ir.Unbiased):
+            if unbiased:
+                raise checker.err("unbiased is declared twice", item.pos)
+            unbiased = True
+        else:
+            if item.name not in ("encode", "decode"):
+                raise checker.err(
+                    f"unknown function {item.name!r}: a program defines encode and decode",
+                    item.pos,
+                )
+            if item.name in funcs:
+                raise checker.err(f"{item.name} is defined twice", item.pos)
+            _signature_error(checker, item)
+            funcs[item.name] = item
+    if overrides:
+        known = ", ".join(p.name for p in params) or "none"
+        raise ConfigError(
+            f"{name}: unknown parameter(s) {', '.join(sorted(overrides))}; "
+            f"{name} takes: {known}"
+        )
+    checked_requires = []
+    for req in requires:
+        cond = checker.expr(req.cond)
+        if cond.ty is None or cond.ty.kind != "scalar" or cond.ty.elem != "bool":
+            raise checker.err("require needs a bool condition", req.cond.pos)
+        if not checker.const_value(cond):
+            shown = ", ".join(f"{k}={v}" for k, v in checker.param_values.items())
+            raise ConfigError(f"{name}: {req.message} (got {shown})")
+        checked_requires.append(dataclasses.replace(req, cond=cond))
+    functions = {}
+    for fn in ("encode", "decode"):  # encode first: it defines the layout decode reads
+        if fn not in funcs:
+            raise checker.err(f"the program has no {fn} function", None)
+        functions[fn] = checker.function(funcs[fn])
+    encode, decode = functions["encode"], functions["decode"]
+    assert checker.layout is not None
+    return ir.Program(
+        name=name,
+        path=smap.path,
+        source="\n".join(smap.lines),
+        params=tuple(params),
+        requires=tuple(checked_requires),
+        encode=encode,
+        decode=decode,
+        param_values=tuple(checker.param_values.items()),
+        layout=checker.layout,
+        unbiased=unbiased,
+    )

@@ -1,0 +1,95 @@
+"""The front end's stages in one place: find, read, parse and check a program."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from pprint import pformat
+from typing import Any
+
+from hipress.errors import ConfigError
+
+from . import ir
+from .checker import check
+from .parser import parse
+
+__all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "load", "load_source"]
+
+
+def dsl_dir() -> Path:
+    """Where the shipped ``.cll`` files live (source tree, or inside an installed wheel)."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here.parent / "dsl", here.parent / "hipress" / "dsl"):
+        if candidate.is_dir():
+            return candidate
+    raise ConfigError(f"no dsl/ folder next to {here}; reinstall hipress")
+
+
+def algorithms() -> list[str]:
+    """Names of the shipped algorithms, sorted."""
+    return sorted(p.stem for p in dsl_dir().glob("*.cll"))
+
+
+def algorithm_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """Resolve a shipped algorithm name or a path to a ``.cll`` file."""
+    text = str(name_or_path)
+    if text.endswith(".cll") or os.sep in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"no DSL file at {path}")
+        return path
+    path = dsl_dir() / f"{text}.cll"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown algorithm {text!r}; choose one of {', '.join(algorithms())} "
+            "or pass the path of a .cll file"
+        )
+    return path
+
+
+def describe_params(program: ir.Program) -> str:
+    """``name=value, ...`` with f32 values printed at f32 precision (``0.1``, not ``0.1000...``)."""
+    import numpy as np
+
+    shown = []
+    for p in program.params:
+        value = program.param(p.name)
+        text = str(np.float32(value)) if p.ty.elem == "f32" else str(value).lower()
+        shown.append(f"{p.name}={text}")
+    return ", ".join(shown)
+
+
+def _dump(stage: str, value: Any) -> None:
+    wanted = os.environ.get("HIPRESS_DUMP", "")
+    if stage in wanted.split(",") or wanted == "all":
+        print(f"--- compll {stage} ---\n{pformat(value, width=100)}", file=sys.stderr)
+
+
+def load_source(source: str, path: str = "<string>", name: str | None = None,
+                params: dict[str, Any] | None = None) -> ir.Program:
+    """Parse and check DSL source text.
+
+    Args:
+        source: the program text.
+        path: shown in error messages.
+        name: the algorithm name; defaults to the file stem of ``path``.
+        params: parameter overrides.
+
+    Returns:
+        The checked ``Program``.
+
+    Example:
+        >>> prog = load_source(open("dsl/onebit.cll").read(), "dsl/onebit.cll")
+    """
+    items, smap = parse(source, path)
+    _dump("parse", items)
+    program = check(items, smap, name or Path(path).stem, params)
+    _dump("check", program)
+    return program
+
+
+def load(name_or_path: str | os.PathLike[str], **params: Any) -> ir.Program:
+    """Load a shipped algorithm by name, or a ``.cll`` file by path, and check it."""
+    path = algorithm_path(name_or_path)
+    return load_source(path.read_text(), str(path), path.stem, params)

@@ -1,0 +1,454 @@
+"""The reference interpreter: runs any checked program with NumPy.
+
+It is the oracle for every backend, so its arithmetic is exactly C's on IEEE
+float32 and two's-complement 32-bit integers (see ``docs/compll.md``, "Semantics"):
+no fused multiply-add, integer division truncates, out-of-range float-to-int casts
+saturate (NaN gives 0), and float sums use the fixed 8-lane, 8192-element chunked
+order described in ``_sum_f32``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hipress.errors import PayloadError
+
+from . import ir, payload, rng
+from .typing_rules import DTYPES, arith_elem, promote_one
+
+__all__ = ["Packed", "encode", "decode", "eval_constant", "SUM_CHUNK", "SUM_LANES"]
+
+SUM_CHUNK = 8192
+SUM_LANES = 8
+_INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "u8": (0, 255)}
+
+
+@dataclass
+class Packed:
+    """A bit-packed array: ``count`` values of ``bits`` bits, LSB-first in ``data``."""
+
+    data: np.ndarray
+    bits: int
+    count: int
+
+
+# -- scalar semantics ------------------------------------------------------------------------
+
+def cast(value: Any, to: str) -> np.ndarray:
+    """Convert with C semantics: saturating float-to-int, NaN to 0, wrapping int-to-int."""
+    x = np.asarray(value)
+    dtype = DTYPES[to]
+    if to == "bool":
+        return x != 0
+    if x.dtype.kind == "f" and to in _INT_RANGE:
+        lo, hi = _INT_RANGE[to]
+        wide = np.trunc(x.astype(np.float64))
+        wide = np.where(np.isnan(wide), 0.0, np.clip(wide, lo, hi))
+        return wide.astype(np.int64).astype(dtype)
+    if x.dtype == np.bool_:
+        return x.astype(dtype)
+    if x.dtype.kind in "iu" and to in _INT_RANGE:
+        return x.astype(np.int64).astype(dtype)  # wraps modulo 2**bits
+    return x.astype(dtype)
+
+
+def _int_div(a: np.ndarray, b: np.ndarray, elem: str, mod: bool) -> np.ndarray:
+    wide_a, wide_b = a.astype(np.int64), b.astype(np.int64)
+    safe = np.where(wide_b == 0, 1, wide_b)
+    q = np.abs(wide_a) // np.abs(safe) * np.sign(wide_a) * np.sign(safe)  # truncation
+    out = wide_a - q * safe if mod else q
+    out = np.where(wide_b == 0, 0, out)
+    return cast(out, elem)
+
+
+def _fmax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max(a, b) = isnan(b) ? a : isnan(a) ? b : (a > b ? a : b)."""
+    return np.where(np.isnan(b), a, np.where(np.isnan(a), b, np.where(a > b, a, b)))
+
+
+def _fmin(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(b), a, np.where(np.isnan(a), b, np.where(a < b, a, b)))
+
+
+def binary(op: str, a: np.ndarray, b: np.ndarray, elem: str) -> np.ndarray:
+    """Apply a binary operator with both operands already cast to ``elem``."""
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a / b if elem == "f32" else _int_div(a, b, elem, mod=False)
+    if op == "%":
+        return _int_div(a, b, elem, mod=True)
+    if op in ("<", "<=", ">", ">=", "==", "!="):
+        return {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+                "==": np.equal, "!=": np.not_equal}[op](a, b)
+    if op == "&":
+        return a & b
+    if op == "|":
+        return a | b
+    if op == "^":
+        return a ^ b
+    if op in ("<<", ">>"):
+        count = (b.astype(np.int64) & 31).astype(a.dtype)
+        return np.left_shift(a, count) if op == "<<" else np.right_shift(a, count)
+    raise NotImplementedError(f"the interpreter has no operator {op!r}")
+
+
+def elementwise(fn: str, args: list[np.ndarray], operand: str) -> np.ndarray:
+    """Apply a scalar builtin (``abs``, ``sign``, ``exponent``...) elementwise."""
+    x = cast(args[0], operand)
+    if fn == "abs":
+        return np.abs(x)
+    if fn == "sign":
+        if operand == "u32":
+            return (x > 0).astype(np.uint32)
+        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+    if fn == "floor":
+        return np.floor(x)
+    if fn == "ceil":
+        return np.ceil(x)
+    if fn == "round":
+        return np.rint(x)
+    if fn == "sqrt":
+        return np.sqrt(x)
+    if fn in ("min", "max"):
+        y = cast(args[1], operand)
+        if operand == "f32":
+            return _fmin(x, y) if fn == "min" else _fmax(x, y)
+        return np.minimum(x, y) if fn == "min" else np.maximum(x, y)
+    if fn == "isnan":
+        return np.isnan(x)
+    if fn == "isfinite":
+        return np.isfinite(x)
+    if fn == "exponent":
+        bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+        field = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
+        return np.where(field == 0, -127, field - 127).astype(np.int32)
+    if fn == "pow2":
+        e = x.astype(np.int64)
+        biased = np.clip(e + 127, 1, 254).astype(np.uint32) << np.uint32(23)
+        val = np.asarray(biased, dtype=np.uint32).view(np.float32)
+        return np.where(e < -126, np.float32(0), np.where(e > 127, np.float32(np.inf), val))
+    raise NotImplementedError(f"the interpreter has no builtin {fn!r}")
+
+
+# -- reductions ------------------------------------------------------------------------------
+
+def _sum_f32(x: np.ndarray) -> np.float32:
+    """The defined order of a float sum.
+
+    Values are widened to f64 and split into chunks of SUM_CHUNK elements. In each
+    chunk, lane l (0..7) adds elements l, l+8, l+16, ... in order, starting from 0;
+    the lanes combine as ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). Chunk results add
+    in order, starting from 0, and the total rounds once to f32.
+    """
+    n = x.size
+    if n == 0:
+        return np.float32(0.0)
+    chunks = -(-n // SUM_CHUNK)
+    padded = np.zeros(chunks * SUM_CHUNK, dtype=np.float64)
+    padded[:n] = x
+    blocks = padded.reshape(chunks, SUM_CHUNK // SUM_LANES, SUM_LANES)
+    acc = np.zeros((chunks, SUM_LANES), dtype=np.float64)
+    for j in range(SUM_CHUNK // SUM_LANES):
+        acc += blocks[:, j, :]
+    partial = ((acc[:, 0] + acc[:, 1]) + (acc[:, 2] + acc[:, 3])) + (
+        (acc[:, 4] + acc[:, 5]) + (acc[:, 6] + acc[:, 7]))
+    return np.float32(np.cumsum(partial)[-1])
+
+
+def reduce(op: str, x: np.ndarray, out: str) -> np.ndarray:
+    """Reduce an array with sum, max or min (see the language reference)."""
+    if op == "sum":
+        if x.dtype.kind == "f":
+            return np.asarray(_sum_f32(x.astype(np.float32)))
+        return cast(np.asarray(int(x.astype(np.int64).sum())) % (1 << 32), out)
+    if x.dtype.kind == "f":
+        x = x.astype(np.float32)
+        if x.size == 0:
+            return np.asarray(np.float32(-np.inf if op == "max" else np.inf))
+        r = np.fmax.reduce(x) if op == "max" else np.fmin.reduce(x)
+        return np.asarray(np.float32(0.0) if r == 0 else np.float32(r))  # ties at 0 give +0
+    if x.size == 0:
+        info = np.iinfo(x.dtype)
+        return np.asarray(info.min if op == "max" else info.max, dtype=x.dtype)
+    return np.asarray(x.max() if op == "max" else x.min())
+
+
+def _order_key(key: np.ndarray) -> np.ndarray:
+    """Keys as f64 (exact for every CompLL type) with NaN mapped to -inf for ranking."""
+    wide = key.astype(np.float64)
+    return np.where(np.isnan(wide), -np.inf, wide)
+
+
+# -- pack / unpack ---------------------------------------------------------------------------
+
+def pack(values: np.ndarray, bits: int) -> Packed:
+    """Keep the low ``bits`` of each value; element i starts at bit i*bits, LSB first."""
+    v = (values.astype(np.uint64) & np.uint64((1 << bits) - 1)).astype(np.uint8)
+    count = v.size
+    per_byte = 8 // bits
+    padded = np.zeros(-(-count // per_byte) * per_byte, dtype=np.uint8)
+    padded[:count] = v
+    groups = padded.reshape(-1, per_byte).astype(np.uint16)
+    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)
+    data = (groups << shifts).sum(axis=1, dtype=np.uint16).astype(np.uint8)
+    return Packed(data, bits, count)
+
+
+def unpack(p: Packed) -> np.ndarray:
+    per_byte = 8 // p.bits
+    shifts = (np.arange(per_byte, dtype=np.uint8) * p.bits)
+    vals = (p.data[:, None] >> shifts) & np.uint8((1 << p.bits) - 1)
+    return vals.reshape(-1)[: p.count].astype(np.uint8)
+
+
+# -- the evaluator ---------------------------------------------------------------------------
+
+class _Frame:
+    def __init__(self, params: dict[str, Any], seed: int = 0, step: int = 0,
+                 decoding: bool = False, sections: tuple = ()) -> None:
+        self.params = params
+        self.env: dict[str, Any] = {}
+        self.sections = sections  # what extract returns, in decode
+        self.seed = seed
+        self.step = step
+        self.decoding = decoding
+        self.index: np.ndarray | None = None  # element indices inside a map lambda
+
+    def eval(self, e: ir.Expr) -> Any:
+        method: Callable[[Any], Any] = getattr(self, "eval_" + type(e).__name__.lower())
+        return method(e)
+
+    def as_elem(self, e: ir.Expr, elem: str) -> np.ndarray:
+        return cast(self.eval(e), elem)
+
+    def eval_const(self, e: ir.Const) -> np.ndarray:
+        assert e.ty is not None
+        if e.ty.literal and isinstance(e.value, int):
+            return np.asarray(e.value, dtype=np.int64)  # adapts to the other operand
+        return np.asarray(e.value, dtype=DTYPES[e.ty.elem])
+
+    def eval_var(self, e: ir.Var) -> Any:
+        if e.name in self.env:
+            return self.env[e.name]
+        assert e.ty is not None
+        return np.asarray(self.params[e.name], dtype=DTYPES[e.ty.elem])
+
+    def eval_unary(self, e: ir.Unary) -> np.ndarray:
+        assert e.ty is not None
+        if e.op == "not":
+            return ~self.as_elem(e.operand, "bool")
+        return -self.as_elem(e.operand, e.ty.elem)
+
+    def eval_binary(self, e: ir.Binary) -> np.ndarray:
+        assert e.ty is not None and e.left.ty is not None and e.right.ty is not None
+        if e.op in ("and", "or"):
+            a, b = self.as_elem(e.left, "bool"), self.as_elem(e.right, "bool")
+            return (a & b) if e.op == "and" else (a | b)
+        if e.ty.elem == "bool" and e.op in ("&", "|", "^"):
+            return binary(e.op, self.as_elem(e.left, "bool"), self.as_elem(e.right, "bool"),
+                          "bool")
+        if e.op in ("<<", ">>"):
+            elem = e.ty.elem
+            return binary(e.op, self.as_elem(e.left, elem), self.as_elem(e.right, "u32"), elem)
+        elem = arith_elem(e.left.ty, e.right.ty)
+        out = binary(e.op, self.as_elem(e.left, elem), self.as_elem(e.right, elem), elem)
+        return np.asarray(out)
+
+    def eval_select(self, e: ir.Select) -> np.ndarray:
+        assert e.ty is not None
+        cond = self.as_elem(e.cond, "bool")
+        return np.where(cond, self.as_elem(e.then, e.ty.elem), self.as_elem(e.other, e.ty.elem))
+
+    def apply(self, lam: ir.Expr, arrays: list[np.ndarray], index: np.ndarray) -> np.ndarray:
+        assert isinstance(lam, ir.Lambda) and lam.ty is not None
+        saved = {p: self.env.get(p) for p in lam.params}
+        saved_index = self.index
+        for p, a, t in zip(lam.params, arrays, lam.param_types, strict=True):
+            self.env[p] = a.astype(DTYPES[t.elem], copy=False)
+        self.index = index
+        try:
+            out = self.as_elem(lam.body, lam.ty.elem)
+        finally:
+            self.index = saved_index
+            for p, v in saved.items():
+                if v is None:
+                    self.env.pop(p, None)
+                else:
+                    self.env[p] = v
+        return np.broadcast_to(out, index.shape).copy()
+
+    def keyed(self, e: ir.Call, x: np.ndarray) -> np.ndarray:
+        key = e.kwarg("key")
+        return x if key is None else self.apply(key, [x], np.arange(x.size, dtype=np.uint64))
+
+    def eval_call(self, e: ir.Call) -> Any:
+        assert e.ty is not None
+        fn = e.fn
+        if fn in DTYPES:
+            return cast(self.eval(e.args[0]), fn)
+        if e.operand_ty is not None and fn not in ("reduce",):
+            args = [self.eval(a) for a in e.args]
+            return cast(elementwise(fn, args, e.operand_ty.elem), e.ty.elem)
+        method: Callable[[ir.Call], Any] = getattr(self, "op_" + fn)
+        return method(e)
+
+    def op_size(self, e: ir.Call) -> np.ndarray:
+        a = self.eval(e.args[0])
+        return np.asarray(a.count if isinstance(a, Packed) else a.size, dtype=np.uint32)
+
+    def op_iota(self, e: ir.Call) -> np.ndarray:
+        k = int(self.eval(e.args[0]))
+        return np.arange(max(k, 0), dtype=np.uint32)
+
+    def op_map(self, e: ir.Call) -> np.ndarray:
+        arrays = [self.eval(a) for a in e.args[:-1]]
+        return self.apply(e.args[-1], arrays, np.arange(arrays[0].size, dtype=np.uint64))
+
+    def op_reduce(self, e: ir.Call) -> np.ndarray:
+        assert e.ty is not None and isinstance(e.args[1], ir.Var)
+        x = self.keyed(e, self.eval(e.args[0]))
+        return reduce(e.args[1].name, x, e.ty.elem)
+
+    def indexed(self, e: ir.Call, idx: np.ndarray, values: np.ndarray) -> Any:
+        idx = idx.astype(np.uint32)
+        assert e.ty is not None
+        return (idx, values) if e.ty.kind == "tuple" else values
+
+    def op_filter(self, e: ir.Call) -> Any:
+        a = self.eval(e.args[0])
+        keep = self.apply(e.args[1], [a], np.arange(a.size, dtype=np.uint64)).astype(bool)
+        idx = np.flatnonzero(keep)
+        return self.indexed(e, idx, a[idx])
+
+    def op_sort(self, e: ir.Call) -> Any:
+        a = self.eval(e.args[0])
+        key = _order_key(self.keyed(e, a))
+        desc = e.kwarg("descending")
+        if desc is not None and isinstance(desc, ir.Const) and desc.value:
+            order = np.argsort(-key, kind="stable")
+        else:
+            order = np.argsort(np.where(key == -np.inf, np.inf, key), kind="stable")
+            # NaN keys sort last in both directions
+            nan = np.isnan(self.keyed(e, a).astype(np.float64))
+            order = np.concatenate([order[~nan[order]], order[nan[order]]])
+        return self.indexed(e, order, a[order])
+
+    def op_topk(self, e: ir.Call) -> Any:
+        a = self.eval(e.args[0])
+        k = int(np.clip(np.asarray(self.eval(e.args[1]), dtype=np.int64), 0, a.size))
+        key = _order_key(self.keyed(e, a))
+        order = np.argsort(-key, kind="stable")  # largest first, ties by lower index
+        idx = np.sort(order[:k])
+        return self.indexed(e, idx, a[idx])
+
+    def random_key(self, e: ir.Call) -> int:
+        return rng.stream_key(self.seed, self.step, e.stream)
+
+    def op_random(self, e: ir.Call) -> np.ndarray:
+        assert self.index is not None
+        return rng.uniform(self.random_key(e), self.index)
+
+    def op_randint(self, e: ir.Call) -> np.ndarray:
+        assert self.index is not None
+        hi = self.as_elem(e.args[0], "u32")
+        return rng.randint(self.random_key(e), self.index, hi)
+
+    def op_gather(self, e: ir.Call) -> np.ndarray:
+        a, idx = self.eval(e.args[0]), self.eval(e.args[1]).astype(np.int64)
+        ok = (idx >= 0) & (idx < a.size)
+        out = np.zeros(idx.size, dtype=a.dtype)
+        out[ok] = a[idx[ok]]
+        return out
+
+    def op_scatter(self, e: ir.Call) -> np.ndarray:
+        idx = self.eval(e.args[0]).astype(np.int64)
+        vals = self.eval(e.args[1])
+        size = int(self.eval(e.args[2]))
+        ok = (idx >= 0) & (idx < size)
+        if self.decoding and not ok.all():
+            bad = int(idx[~ok][0])
+            raise PayloadError(f"payload index {bad} is outside the tensor of {size} elements")
+        out = np.zeros(size, dtype=vals.dtype)
+        np.add.at(out, idx[ok], vals[ok])  # in index order, so duplicates add deterministically
+        return out
+
+    def op_pack(self, e: ir.Call) -> Packed:
+        assert e.ty is not None
+        return pack(self.eval(e.args[0]), e.ty.bits)
+
+    def op_unpack(self, e: ir.Call) -> np.ndarray:
+        return unpack(self.eval(e.args[0]))
+
+    def op_extract(self, e: ir.Call) -> tuple:
+        return self.sections
+
+
+def eval_constant(e: ir.Expr, params: dict[str, Any]) -> Any:
+    """Evaluate a checked scalar expression over parameters (KeyError for other names)."""
+    with np.errstate(all="ignore"):
+        value = _Frame(params).eval(e)
+    assert e.ty is not None
+    return cast(value, promote_one(e.ty.elem) if e.ty.literal else e.ty.elem).item()
+
+
+def _run(frame: _Frame, fn: ir.Function) -> Any:
+    with np.errstate(all="ignore"):
+        for stmt in fn.body:
+            if isinstance(stmt, ir.Return):
+                return stmt.value
+            value = frame.eval(stmt.value)
+            assert stmt.value.ty is not None
+            if stmt.value.ty.kind == "tuple":
+                frame.env.update(zip(stmt.names, value, strict=True))
+            else:
+                frame.env[stmt.names[0]] = value
+    raise AssertionError("checked functions end with return")  # pragma: no cover
+
+
+def encode(program: ir.Program, x: np.ndarray, seed: int = 0, step: int = 0) -> np.ndarray:
+    """Run ``encode`` on a 1-D float32 array; return the payload as uint8."""
+    frame = _Frame(dict(program.param_values), seed & 0xFFFFFFFF, step & 0xFFFFFFFF)
+    (gname, _), = program.encode.args
+    frame.env[gname] = np.ascontiguousarray(x, dtype=np.float32)
+    ret = _run(frame, program.encode)
+    sections = []
+    with np.errstate(all="ignore"):
+        for item, section in zip(ret.args, program.layout, strict=True):
+            value = frame.eval(item)
+            if isinstance(value, Packed):
+                sections.append(value.data)
+            else:
+                dtype = np.dtype(DTYPES[section.ty.elem]).newbyteorder("<")
+                sections.append(np.atleast_1d(cast(value, section.ty.elem)).astype(dtype))
+    return payload.build(program, x.size, frame.seed, frame.step, sections)
+
+
+def decode(program: ir.Program, data: np.ndarray, n: int) -> np.ndarray:
+    """Validate a payload and run ``decode``; return ``n`` float32 values."""
+    header, raw, counts = payload.parse(program, data, n)
+    values: list[Any] = []
+    for section, buf, count in zip(program.layout, raw, counts, strict=True):
+        ty = section.ty
+        if ty.kind == "packed":
+            values.append(Packed(buf.copy(), ty.bits, count))
+            continue
+        dtype = np.dtype(DTYPES[ty.elem]).newbyteorder("<")
+        arr: np.ndarray = np.frombuffer(buf.tobytes(), dtype=dtype).astype(DTYPES[ty.elem])
+        values.append(np.asarray(arr[0]) if ty.kind == "scalar" else arr)
+    frame = _Frame(dict(program.param_values), header.seed, header.step, decoding=True,
+                   sections=tuple(values))
+    (_, _), (nname, _) = program.decode.args
+    frame.env[nname] = np.asarray(n, dtype=np.uint32)
+    ret = _run(frame, program.decode)
+    with np.errstate(all="ignore"):
+        out = cast(frame.eval(ret), "f32")
+    return np.ascontiguousarray(np.broadcast_to(out, (n,)), dtype=np.float32)

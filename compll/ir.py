@@ -1,0 +1,246 @@
+"""The CompLL IR: frozen dataclasses, each node carrying its source position.
+
+The parser builds these nodes with ``ty=None``; the checker returns a copy of the
+tree in which every expression has its type and every builtin call is resolved.
+Interpreter and code generators consume only checked trees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "Pos", "Length", "Type", "Expr", "Const", "Var", "Unary", "Binary", "Select",
+    "Call", "Lambda", "Let", "Return", "Stmt", "Function", "Param", "Require",
+    "Unbiased", "Section", "Program",
+    "SCALARS", "FLOATS", "INTS", "BOOL", "PACKED_BITS",
+]
+
+SCALARS = ("f32", "f16", "i32", "u32", "u8", "bool")
+FLOATS = ("f32", "f16")
+INTS = ("i32", "u32", "u8")
+BOOL = "bool"
+PACKED_BITS = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Pos:
+    """A 1-based line and column in a DSL source file."""
+
+    line: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Length:
+    """The symbolic length of an array.
+
+    ``kind`` is ``"n"`` (the tensor length), ``"const"`` (``value`` elements) or
+    ``"sym"``: a length computed at run time, identified by ``name``. Two arrays
+    may be combined elementwise only when their lengths are equal.
+    """
+
+    kind: str
+    value: int = 0
+    name: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "n":
+            return "n"
+        if self.kind == "const":
+            return str(self.value)
+        return self.name
+
+
+@dataclass(frozen=True)
+class Type:
+    """A CompLL type.
+
+    ``kind`` is one of ``scalar``, ``array``, ``packed`` (a bit-packed unsigned
+    array of ``bits`` bits), ``bytes`` (a payload), ``tuple`` (``items``),
+    ``func`` (a lambda or builtin passed as an argument) or ``op`` (a reduction
+    operator such as ``sum``).
+    """
+
+    kind: str
+    elem: str = ""
+    length: Length | None = None
+    bits: int = 0
+    items: tuple[Type, ...] = ()
+    literal: bool = False  # an untyped numeric literal that adapts to the other operand
+
+    def __str__(self) -> str:
+        if self.kind == "scalar":
+            return self.elem
+        if self.kind == "array":
+            return f"{self.elem}[{self.length}]"
+        if self.kind == "packed":
+            return f"u{self.bits}[{self.length}]"
+        if self.kind == "tuple":
+            return "(" + ", ".join(str(t) for t in self.items) + ")"
+        return self.kind
+
+    @staticmethod
+    def scalar(elem: str, literal: bool = False) -> Type:
+        return Type("scalar", elem, literal=literal)
+
+    @staticmethod
+    def array(elem: str, length: Length) -> Type:
+        return Type("array", elem, length)
+
+
+@dataclass(frozen=True)
+class Const:
+    value: int | float | bool
+    pos: Pos
+    ty: Type | None = None
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    pos: Pos
+    ty: Type | None = None
+
+
+@dataclass(frozen=True)
+class Unary:
+    op: str  # "-", "not"
+    operand: Expr
+    pos: Pos
+    ty: Type | None = None
+
+
+@dataclass(frozen=True)
+class Binary:
+    op: str  # + - * / % < <= > >= == != and or & | ^ << >>
+    left: Expr
+    right: Expr
+    pos: Pos
+    ty: Type | None = None
+
+
+@dataclass(frozen=True)
+class Select:
+    """``if cond then a else b``, elementwise when any operand is an array."""
+
+    cond: Expr
+    then: Expr
+    other: Expr
+    pos: Pos
+    ty: Type | None = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """A builtin call. ``kwargs`` holds keyword arguments in source order.
+
+    After checking, ``stream`` is the random stream of ``random``/``randint`` and
+    ``operand_ty`` the common operand type an arithmetic builtin computes in.
+    """
+
+    fn: str
+    args: tuple[Expr, ...]
+    kwargs: tuple[tuple[str, Expr], ...]
+    pos: Pos
+    ty: Type | None = None
+    stream: int = -1
+    operand_ty: Type | None = None
+
+    def kwarg(self, name: str) -> Expr | None:
+        for key, value in self.kwargs:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class Lambda:
+    params: tuple[str, ...]
+    body: Expr
+    pos: Pos
+    ty: Type | None = None
+    param_types: tuple[Type, ...] = ()
+
+
+Expr = Const | Var | Unary | Binary | Select | Call | Lambda
+
+
+@dataclass(frozen=True)
+class Let:
+    names: tuple[str, ...]
+    annotations: tuple[Type | None, ...]
+    value: Expr
+    pos: Pos
+    annotation_pos: tuple[Pos, ...] = ()
+
+
+@dataclass(frozen=True)
+class Return:
+    value: Expr
+    pos: Pos
+
+
+Stmt = Let | Return
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str  # "encode" or "decode"
+    args: tuple[tuple[str, Type], ...]
+    returns: Type
+    body: tuple[Stmt, ...]
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ty: Type
+    default: Expr
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Require:
+    cond: Expr
+    message: str
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Unbiased:
+    """The ``unbiased`` declaration: E[decode(encode(g))] = g, so no error feedback."""
+
+    pos: Pos
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of a payload layout, as ``encode`` writes it.
+
+    ``group`` ties sections whose element counts must agree (they came from one
+    run-time length, e.g. the indices and values of a top-k).
+    """
+
+    ty: Type  # scalar, array or packed
+    group: str = ""
+
+
+@dataclass(frozen=True)
+class Program:
+    """A parsed (or, after checking, a checked and specialised) CompLL program."""
+
+    name: str
+    path: str
+    source: str
+    params: tuple[Param, ...]
+    requires: tuple[Require, ...]
+    encode: Function
+    decode: Function
+    param_values: tuple[tuple[str, int | float | bool], ...] = ()
+    layout: tuple[Section, ...] = ()
+    unbiased: bool = False
+
+    def param(self, name: str) -> int | float | bool:
+        return dict(self.param_values)[name]

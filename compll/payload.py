@@ -1,0 +1,163 @@
+"""The self-describing payload format shared by every backend.
+
+Layout (all integers little-endian)::
+
+    offset  size  field
+    0       2     magic b"HP"
+    2       1     format version (1)
+    3       1     number of sections S
+    4       4     algorithm id (CRC-32 of the program name, source and parameters)
+    8       8     element count n
+    16      4     seed of the counter-based RNG
+    20      4     step of the counter-based RNG
+    24      8*S   byte size of each section
+    ...           the sections, each starting at a multiple of 8 bytes
+
+``parse`` validates every field against the buffer length and the program's layout
+before any section is read, and raises ``PayloadError`` on a mismatch.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hipress.errors import PayloadError
+
+from .ir import Program, Section
+from .typing_rules import ITEMSIZE
+
+__all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "algorithm_id", "build", "parse",
+           "header_size", "section_count"]
+
+MAGIC = b"HP"
+VERSION = 1
+HEADER_SIZE = 24
+_HEAD = struct.Struct("<2sBBIQII")
+_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class Header:
+    algorithm_id: int
+    n: int
+    seed: int
+    step: int
+    sizes: tuple[int, ...]
+
+
+def algorithm_id(program: Program) -> int:
+    """A 32-bit id that differs when the name, the source or a parameter differs."""
+    text = f"{program.name}\0{program.source}\0{sorted(program.param_values)!r}"
+    return zlib.crc32(text.encode())
+
+
+def _pad(size: int) -> int:
+    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def header_size(sections: int) -> int:
+    return HEADER_SIZE + 8 * sections
+
+
+def build(program: Program, n: int, seed: int, step: int,
+          sections: Sequence[np.ndarray]) -> np.ndarray:
+    """Assemble header and section bytes into one uint8 payload."""
+    sizes = [s.nbytes for s in sections]
+    total = header_size(len(sections)) + sum(_pad(s) for s in sizes)
+    out = np.zeros(total, dtype=np.uint8)
+    view = out.data
+    _HEAD.pack_into(view, 0, MAGIC, VERSION, len(sections), algorithm_id(program), n,
+                    seed & 0xFFFFFFFF, step & 0xFFFFFFFF)
+    struct.pack_into(f"<{len(sizes)}Q", view, HEADER_SIZE, *sizes)
+    offset = header_size(len(sections))
+    for sec in sections:
+        out[offset:offset + sec.nbytes] = np.frombuffer(sec.tobytes(), dtype=np.uint8)
+        offset += _pad(sec.nbytes)
+    return out
+
+
+def section_count(section: Section, size: int, n: int) -> int:
+    """Elements in a section of ``size`` bytes, or PayloadError if the size is wrong."""
+    ty = section.ty
+    length = ty.length
+    if ty.kind == "scalar":
+        want = ITEMSIZE[ty.elem]
+        if size != want:
+            raise PayloadError(f"a {ty.elem} section must be {want} bytes, not {size}")
+        return 1
+    assert length is not None
+    fixed = n if length.kind == "n" else (length.value if length.kind == "const" else None)
+    if ty.kind == "packed":
+        assert fixed is not None  # the checker allows only fixed-length packed sections
+        want = (fixed * ty.bits + 7) // 8
+        if size != want:
+            raise PayloadError(
+                f"a u{ty.bits}[{fixed}] section must be {want} bytes, not {size}"
+            )
+        return fixed
+    item = ITEMSIZE[ty.elem]
+    if fixed is not None:
+        if size != fixed * item:
+            raise PayloadError(
+                f"a {ty.elem}[{fixed}] section must be {fixed * item} bytes, not {size}"
+            )
+        return fixed
+    if size % item:
+        raise PayloadError(f"a {ty.elem} array section of {size} bytes is not whole elements")
+    return size // item
+
+
+def parse(program: Program, payload: np.ndarray, n: int) -> tuple[Header, list[np.ndarray],
+                                                                   list[int]]:
+    """Validate a payload against ``program`` and ``n``; return header, sections, counts.
+
+    Raises:
+        PayloadError: if anything in the header disagrees with the buffer or the program.
+    """
+    buf = np.asarray(payload)
+    if buf.dtype != np.uint8 or buf.ndim != 1:
+        raise PayloadError(f"a payload is a 1-D uint8 array, not {buf.dtype}[{buf.shape}]")
+    if buf.size < HEADER_SIZE:
+        raise PayloadError(f"payload of {buf.size} bytes is shorter than the "
+                           f"{HEADER_SIZE}-byte header")
+    raw = np.ascontiguousarray(buf).data
+    magic, version, nsec, algo, count, seed, step = _HEAD.unpack_from(raw, 0)
+    if magic != MAGIC:
+        raise PayloadError("not a HiPress payload (bad magic)")
+    if version != VERSION:
+        raise PayloadError(f"payload format version {version} is not supported "
+                           f"(this HiPress reads version {VERSION})")
+    if algo != algorithm_id(program):
+        raise PayloadError(f"payload was written by another algorithm or parameter set, not "
+                           f"{program.name} with {dict(program.param_values)}")
+    if count != n:
+        raise PayloadError(f"payload holds {count} elements but {n} were requested")
+    if nsec != len(program.layout):
+        raise PayloadError(f"payload has {nsec} sections; {program.name} writes "
+                           f"{len(program.layout)}")
+    head = header_size(nsec)
+    if buf.size < head:
+        raise PayloadError(f"payload of {buf.size} bytes is shorter than its {head}-byte header")
+    sizes = struct.unpack_from(f"<{nsec}Q", raw, HEADER_SIZE)
+    counts = [section_count(sec, size, n) for sec, size in zip(program.layout, sizes,
+                                                                strict=True)]
+    groups: dict[str, int] = {}
+    for sec, cnt in zip(program.layout, counts, strict=True):
+        if sec.group:
+            if groups.setdefault(sec.group, cnt) != cnt:
+                raise PayloadError(f"sections of one group hold {groups[sec.group]} and {cnt} "
+                                   "elements")
+    total = head + sum(_pad(s) for s in sizes)
+    if total != buf.size:
+        raise PayloadError(f"payload is {buf.size} bytes but its header describes {total}")
+    sections = []
+    offset = head
+    for size in sizes:
+        sections.append(buf[offset:offset + size])
+        offset += _pad(size)
+    return Header(algo, count, seed, step, tuple(sizes)), sections, counts

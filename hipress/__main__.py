@@ -1,0 +1,5 @@
+import sys
+
+from hipress.cli import main
+
+sys.exit(main())

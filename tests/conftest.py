@@ -1,0 +1,20 @@
+import numpy as np
+import pytest
+
+import hipress
+
+ALGORITHMS = hipress.algorithms()
+SIZES = [0, 1, 7, 8, 9, 1000, 2**20 + 3]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def gradient(n: int, seed: int = 0) -> np.ndarray:
+    """A heavy-tailed synthetic gradient with some exact zeros."""
+    r = np.random.default_rng(seed)
+    g = r.standard_normal(n) * r.exponential(1.0, n)
+    g[r.random(n) < 0.01] = 0.0
+    return g.astype(np.float32)

@@ -1,0 +1,83 @@
+"""The hipress command, the plugin import names and what an installed wheel ships."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import hipress
+from hipress.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_algorithms_command(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    for name in hipress.algorithms():
+        assert name in out
+    assert "ratio=0.001" in out
+
+
+def test_compile_reports_layout(capsys):
+    assert main(["compile", str(ROOT / "dsl" / "minmax8.cll"), "-p", "bits=4"]) == 0
+    out = capsys.readouterr().out
+    assert "ok: minmax8 (params: bits=4)" in out
+    assert "f32, f32, u4[n]" in out
+
+
+def test_compile_error_is_file_line_col_without_traceback(tmp_path):
+    bad = tmp_path / "bad.cll"
+    bad.write_text("encode(g: f32[]) -> bytes:\n    let s = reduce(g, mux)\n")
+    proc = subprocess.run([sys.executable, "-m", "hipress", "compile", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"{bad}:2:23: reduce's operator must be sum, max or min")
+    assert "Traceback" not in proc.stderr
+
+
+def test_config_errors_exit_2(capsys):
+    assert main(["compile", str(ROOT / "dsl" / "qsgd.cll"), "-p", "bits=3"]) == 2
+    assert "bits must be 2, 4 or 8" in capsys.readouterr().err
+
+
+def test_demo_prints_measured_rows(capsys):
+    assert main(["demo", "--size", "5000"]) == 0
+    out = capsys.readouterr().out
+    for name in hipress.algorithms():
+        assert name in out
+
+
+def test_torch_plugin_imports_under_hipress():
+    import hipress.torch as hp
+
+    assert hp.torch.__name__ == "torch"
+
+
+def test_missing_framework_gives_an_install_hint():
+    code = ("import sys; sys.modules['mxnet'] = None\n"
+            "try:\n    import hipress.mxnet\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+    assert out.startswith("ConfigError hipress.mxnet needs mxnet")
+    assert "pip install" in out
+
+
+@pytest.mark.slow
+def test_wheel_ships_dsl_files_and_plugins(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True,
+    )
+    if proc.returncode and "setuptools" in proc.stderr and "No module" in proc.stderr:
+        pytest.skip("setuptools is not installed in this environment")
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("hipress-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for algo in hipress.algorithms():
+        assert f"hipress/dsl/{algo}.cll" in names
+    assert "hipress/torch/__init__.py" in names
+    assert "compll/grammar.lark" in names

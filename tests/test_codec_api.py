@@ -1,0 +1,133 @@
+"""The public contract of hipress.codec (see DESIGN.md)."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import gradient
+
+import hipress
+from hipress import CompileError, ConfigError
+
+pytestmark = pytest.mark.pure
+
+
+def test_algorithms_lists_every_shipped_file():
+    names = hipress.algorithms()
+    assert names == sorted(names)
+    for expected in ("onebit", "signsgd", "tbq", "terngrad", "qsgd", "minmax8", "fp16", "dgc",
+                     "topk", "randomk", "graddrop", "natural", "threshold"):
+        assert expected in names
+
+
+@pytest.mark.parametrize("name", hipress.algorithms())
+def test_dsl_files_are_short_and_documented(name):
+    from compll.compiler import algorithm_path
+
+    text = algorithm_path(name).read_text()
+    code = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    assert len(code) <= 40
+    assert text.startswith(f"# {name}:")
+    assert "Parameters:" in text and "Payload:" in text
+
+
+def test_torch_tensors_in_and_out():
+    x = torch.randn(1001)
+    c = hipress.codec("fp16")
+    p = c.encode(x)
+    out = torch.zeros(1001)
+    assert c.decode(p, 1001, out=out) is out
+    np.testing.assert_array_equal(out.numpy(), x.numpy().astype(np.float16).astype(np.float32))
+
+
+def test_half_precision_and_non_contiguous_inputs_are_upcast():
+    base = torch.randn(64, 32)
+    x = base.t()[3]  # a strided view
+    assert not x.is_contiguous()
+    c = hipress.codec("fp16")
+    np.testing.assert_array_equal(c.decode(c.encode(x), 64),
+                                  x.numpy().astype(np.float16).astype(np.float32))
+    for dtype in (torch.bfloat16, torch.float16, torch.float64):
+        y = c.decode(c.encode(x.to(dtype)), 64)
+        np.testing.assert_array_equal(
+            y, x.to(dtype).float().numpy().astype(np.float16).astype(np.float32))
+
+
+def test_decode_accumulate_adds_into_out():
+    x = gradient(777)
+    c = hipress.codec("minmax8")
+    p = c.encode(x)
+    acc = np.full(777, 2.0, np.float32)
+    c.decode(p, 777, out=acc, accumulate=True)
+    np.testing.assert_array_equal(acc, np.float32(2.0) + c.decode(p, 777))
+    with pytest.raises(ConfigError, match="out="):
+        c.decode(p, 777, accumulate=True)
+    with pytest.raises(ConfigError, match="contiguous float32"):
+        c.decode(p, 777, out=np.zeros(777, np.float64))
+
+
+def test_params_override_defaults():
+    c = hipress.codec("dgc", ratio=0.01)
+    assert c.params["ratio"] == pytest.approx(0.01)
+    assert "ratio=0.01" in repr(c)
+    with pytest.raises(ConfigError, match="unknown parameter"):
+        hipress.codec("dgc", rate=0.01)
+    with pytest.raises(ConfigError, match="ratio must be in"):
+        hipress.codec("dgc", ratio=2.0)
+
+
+def test_unknown_algorithm_and_target():
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'.*onebit"):
+        hipress.codec("nope")
+    with pytest.raises(ConfigError, match="unknown target"):
+        hipress.codec("onebit", target="tpu")
+
+
+def test_a_user_file_by_path(tmp_path):
+    src = tmp_path / "half.cll"
+    src.write_text(
+        "# half: keep every other element\n"
+        "encode(g: f32[]) -> bytes:\n"
+        "    return concat(map(g, x -> x * 0.5))\n"
+        "decode(p: bytes, n: u32) -> f32[n]:\n"
+        "    let h: f32[n] = extract(p)\n"
+        "    return map(h, v -> v * 2.0)\n"
+    )
+    c = hipress.codec(str(src))
+    x = gradient(100)
+    np.testing.assert_array_equal(c.decode(c.encode(x), 100), x)
+    src.write_text("encode(g: f32[]) -> bytes:\n    return concat(g\n")
+    with pytest.raises(CompileError) as info:
+        hipress.codec(str(src))
+    assert str(info.value).startswith(f"{src}:")
+
+
+def test_error_hierarchy():
+    for cls in (hipress.CompileError, hipress.PayloadError, hipress.SyncError,
+                hipress.ConfigError):
+        assert issubclass(cls, hipress.HiPressError)
+
+
+def test_docs_walkthrough_compiles_and_runs(tmp_path):
+    """The compressor built step by step in docs/compll.md works as shown."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "compll.md").read_text()
+    walk = doc[doc.index("## Walk-through"):]
+    blocks = re.findall(r"```\n(.*?)```", walk, flags=re.S)
+    import textwrap
+
+    source = "\n".join(textwrap.dedent(b) for b in blocks[:3])
+    path = tmp_path / "deadzone.cll"
+    path.write_text(source)
+    c = hipress.codec(str(path), eps=0.05)
+    x = gradient(5000)
+    y = c.decode(c.encode(x), x.size)
+    cut = np.float32(0.05) * np.abs(x).max()
+    kept = np.abs(x) > cut
+    np.testing.assert_array_equal(y[~kept], 0)
+    np.testing.assert_array_equal(np.sign(y[kept]), np.sign(x[kept]))
+    np.testing.assert_allclose(np.abs(y[kept]), np.abs(x[kept]).mean(), rtol=1e-5)
+    from hipress.cli import main
+
+    assert main(["compile", str(path)]) == 0
