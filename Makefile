@@ -19,7 +19,7 @@ $(STAMP): $(DEPS)
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/ruff check hipress compll casync plugins bench tests examples
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
 demo: $(STAMP)
@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(BIN)/hipress bench kernels
 
 lint: $(STAMP)
-	$(BIN)/ruff check hipress compll casync plugins bench tests examples
+	$(BIN)/ruff check .
 	$(BIN)/mypy hipress compll casync
 
 clean:
