@@ -164,28 +164,36 @@ def _sum_f32(x: np.ndarray) -> np.float32:
     return np.float32(np.cumsum(partial)[-1])
 
 
+#: The NaN every reduction returns (backends differ in the NaN bits arithmetic makes).
+CANONICAL_NAN = np.uint32(0x7FC00000).view(np.float32)
+
+
+def _canonical(r: np.float32) -> np.ndarray:
+    return np.asarray(CANONICAL_NAN if np.isnan(r) else r, dtype=np.float32)
+
+
 def reduce(op: str, x: np.ndarray, out: str) -> np.ndarray:
     """Reduce an array with sum, max or min (see the language reference)."""
     if op == "sum":
         if x.dtype.kind == "f":
-            return np.asarray(_sum_f32(x.astype(np.float32)))
+            return _canonical(_sum_f32(x.astype(np.float32)))
         return cast(np.asarray(int(x.astype(np.int64).sum())) % (1 << 32), out)
     if x.dtype.kind == "f":
         x = x.astype(np.float32)
         if x.size == 0:
             return np.asarray(np.float32(-np.inf if op == "max" else np.inf))
         r = np.fmax.reduce(x) if op == "max" else np.fmin.reduce(x)
-        return np.asarray(np.float32(0.0) if r == 0 else np.float32(r))  # ties at 0 give +0
+        return _canonical(np.float32(0.0) if r == 0 else np.float32(r))  # ties at 0 give +0
     if x.size == 0:
         info = np.iinfo(x.dtype)
         return np.asarray(info.min if op == "max" else info.max, dtype=x.dtype)
     return np.asarray(x.max() if op == "max" else x.min())
 
 
-def _order_key(key: np.ndarray) -> np.ndarray:
-    """Keys as f64 (exact for every CompLL type) with NaN mapped to -inf for ranking."""
+def _sort_order(key: np.ndarray, descending: bool) -> np.ndarray:
+    """Stable order of keys (widened to f64, exact for every CompLL type); NaN goes last."""
     wide = key.astype(np.float64)
-    return np.where(np.isnan(wide), -np.inf, wide)
+    return np.argsort(-wide if descending else wide, kind="stable")
 
 
 # -- pack / unpack ---------------------------------------------------------------------------
@@ -331,22 +339,15 @@ class _Frame:
 
     def op_sort(self, e: ir.Call) -> Any:
         a = self.eval(e.args[0])
-        key = _order_key(self.keyed(e, a))
         desc = e.kwarg("descending")
-        if desc is not None and isinstance(desc, ir.Const) and desc.value:
-            order = np.argsort(-key, kind="stable")
-        else:
-            order = np.argsort(np.where(key == -np.inf, np.inf, key), kind="stable")
-            # NaN keys sort last in both directions
-            nan = np.isnan(self.keyed(e, a).astype(np.float64))
-            order = np.concatenate([order[~nan[order]], order[nan[order]]])
+        descending = isinstance(desc, ir.Const) and bool(desc.value)
+        order = _sort_order(self.keyed(e, a), descending)
         return self.indexed(e, order, a[order])
 
     def op_topk(self, e: ir.Call) -> Any:
         a = self.eval(e.args[0])
         k = int(np.clip(np.asarray(self.eval(e.args[1]), dtype=np.int64), 0, a.size))
-        key = _order_key(self.keyed(e, a))
-        order = np.argsort(-key, kind="stable")  # largest first, ties by lower index
+        order = _sort_order(self.keyed(e, a), descending=True)  # ties by lower index
         idx = np.sort(order[:k])
         return self.indexed(e, idx, a[idx])
 

@@ -194,3 +194,16 @@ def test_every_algorithm_survives_nan_inf_and_denormals(values):
             with np.errstate(over="ignore"):
                 want = x.astype(np.float16).astype(np.float32)
             np.testing.assert_array_equal(y, want)
+
+
+def test_sort_ascending_keeps_negative_infinity_first():
+    x = np.array([1, -np.inf, np.nan, 0, np.inf, -1, 2, 3], np.float32)
+    got = _run("    return concat(sort(g))\n", x=x)
+    assert got[:-1].tolist() == [-np.inf, -1, 0, 1, 2, 3, np.inf] and np.isnan(got[-1])
+
+
+def test_reductions_return_the_canonical_nan():
+    for op in ("sum", "max", "min"):
+        x = np.array([np.nan, np.nan], np.float32) if op != "sum" else \
+            np.array([1.0, np.uint32(0xFFC00001).view(np.float32)], np.float32)
+        assert I.reduce(op, x, "f32").view(np.uint32) == 0x7FC00000
