@@ -53,7 +53,31 @@ def cast(value: Any, to: str) -> np.ndarray:
         return x.astype(dtype)
     if x.dtype.kind in "iu" and to in _INT_RANGE:
         return x.astype(np.int64).astype(dtype)  # wraps modulo 2**bits
+    if to == "f16":
+        return _to_f16(x)
+    if x.dtype == np.float16:
+        return _from_f16(x, dtype)
     return x.astype(dtype)
+
+
+def _to_f16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even; NaN becomes the quiet NaN of its sign (0x7E00)."""
+    h = x.astype(np.float16)
+    if np.isnan(h).any():
+        sign = (np.asarray(x, np.float32).view(np.uint32) >> np.uint32(16)) & np.uint32(0x8000)
+        bits = np.where(np.isnan(x), (sign | np.uint32(0x7E00)).astype(np.uint16),
+                        h.view(np.uint16))
+        h = bits.astype(np.uint16).view(np.float16)
+    return h
+
+
+def _from_f16(x: np.ndarray, dtype: type) -> np.ndarray:
+    """Exact widening; a NaN keeps its payload and gets its quiet bit."""
+    out = x.astype(np.float32)
+    if np.isnan(out).any():
+        bits = out.view(np.uint32) | np.where(np.isnan(out), np.uint32(0x400000), np.uint32(0))
+        out = bits.astype(np.uint32).view(np.float32)
+    return out.astype(dtype)
 
 
 def _int_div(a: np.ndarray, b: np.ndarray, elem: str, mod: bool) -> np.ndarray:

@@ -5,8 +5,8 @@
     y = c.decode(c.encode(x), len(x))
 """
 
+from .errors import CompileError, ConfigError, HiPressError, PayloadError, SyncError  # noqa: I001
 from .codec import Codec, algorithms, codec
-from .errors import CompileError, ConfigError, HiPressError, PayloadError, SyncError
 
 __version__ = "0.1.0"
 

@@ -7,17 +7,18 @@ from typing import Any
 
 import numpy as np
 
-import compll
-from compll import interpreter
-from compll.compiler import describe_params
+# Module imports (not names): compll imports hipress.errors, so either package may be
+# the one imported first.
+from compll import compiler, interpreter
 from compll.ir import Program
 
 from .errors import ConfigError, PayloadError
 
 __all__ = ["Codec", "codec", "algorithms", "TARGETS"]
 
-#: Backends a codec can run on. The reference interpreter is the oracle for the others.
-TARGETS = ("ref",)
+#: Backends a codec can run on. ``auto`` runs CUDA tensors on the GPU and everything
+#: else on the CPU; ``ref`` is the NumPy reference interpreter, the oracle of the others.
+TARGETS = ("auto", "cpu", "cuda", "ref")
 
 
 def algorithms() -> list[str]:
@@ -27,16 +28,18 @@ def algorithms() -> list[str]:
         >>> "onebit" in hipress.algorithms()
         True
     """
-    return compll.algorithms()
+    return compiler.algorithms()
+
+
+def _is_cuda(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and x.device.type == "cuda"
 
 
 def _as_float32(x: Any, what: str) -> np.ndarray:
     """A 1-D float32 NumPy view (or copy) of an array or CPU torch tensor."""
     if type(x).__module__.startswith("torch"):
-        if x.device.type != "cpu":
-            raise ConfigError(f"{what} is on {x.device}; this codec runs on the CPU")
         x = x.detach()
-        if x.dtype != _torch_float32(x):
+        if x.dtype != _torch().float32:
             x = x.float()  # fp16 / bf16 / f64 gradients are upcast
         x = x.contiguous().numpy()
     arr = np.asarray(x)
@@ -45,10 +48,10 @@ def _as_float32(x: Any, what: str) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1), dtype=np.float32)
 
 
-def _torch_float32(t: Any) -> Any:
+def _torch() -> Any:
     import torch
 
-    return torch.float32
+    return torch
 
 
 class Codec:
@@ -65,6 +68,27 @@ class Codec:
         self.target = target
         self.seed = int(seed) & 0xFFFFFFFF
         self.step = 0
+        self._kernels: dict[str, Any] = {}
+        if target in ("cpu", "cuda"):
+            self._kernel(target)  # build now, so a broken toolchain fails at construction
+
+    def _kernel(self, target: str) -> Any:
+        if target not in self._kernels:
+            from compll.loaders import load_kernel
+
+            self._kernels[target] = load_kernel(self.program, target)
+        return self._kernels[target]
+
+    def _backend(self, on_gpu: bool) -> str:
+        if on_gpu and self.target in ("cpu", "ref"):
+            raise ConfigError(f"the data is on the GPU but this codec's target is "
+                              f"{self.target!r}; use target='cuda' or 'auto'")
+        if not on_gpu and self.target == "cuda":
+            raise ConfigError("target='cuda' needs CUDA tensors; move the data with .cuda() "
+                              "or use target='auto'")
+        if self.target == "auto":
+            return "cuda" if on_gpu else "cpu"
+        return self.target
 
     @property
     def name(self) -> str:
@@ -75,57 +99,102 @@ class Codec:
         return dict(self.program.param_values)
 
     def __repr__(self) -> str:
-        params = describe_params(self.program)
+        params = compiler.describe_params(self.program)
         sep = ", " if params else ""
         return f"Codec({self.name!r}, target={self.target!r}, seed={self.seed}{sep}{params})"
 
-    def encode(self, x: Any, step: int | None = None) -> np.ndarray:
+    def encode(self, x: Any, step: int | None = None, out: Any = None) -> Any:
         """Compress a gradient.
 
         Args:
-            x: a float array or CPU torch tensor (flattened; non-float32 is upcast).
+            x: a float array, CPU tensor or (targets ``auto``/``cuda``) CUDA tensor;
+                flattened, and upcast when not float32.
             step: the RNG step; by default the codec's own counter, which then advances.
+            out: an optional uint8 buffer (array, or CUDA tensor for CUDA input) to write
+                the payload into when it fits, so a caller can reuse one buffer per tensor;
+                the payload returned is then a view of its first bytes. Ignored by
+                target ``"ref"``.
 
         Returns:
-            The payload, a 1-D uint8 array.
+            The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
         """
-        data = _as_float32(x, "the gradient")
         if step is None:
             step = self.step
             self.step = (self.step + 1) & 0xFFFFFFFF
-        return interpreter.encode(self.program, data, self.seed, step)
+        step &= 0xFFFFFFFF
+        if _is_cuda(x):
+            self._backend(on_gpu=True)
+            flat = x.detach().reshape(-1)
+            if flat.dtype != _torch().float32:
+                flat = flat.float()
+            return self._kernel("cuda").encode(flat.contiguous(), self.seed, step, out)
+        data = _as_float32(x, "the gradient")
+        backend = self._backend(on_gpu=False)
+        if backend == "ref":
+            return interpreter.encode(self.program, data, self.seed, step)
+        into = None
+        if out is not None:
+            into = out.numpy() if type(out).__module__.startswith("torch") else out
+            if not isinstance(into, np.ndarray) or into.dtype != np.uint8 \
+                    or not into.flags.c_contiguous:
+                raise ConfigError("out= must be a contiguous uint8 array")
+            into = into.reshape(-1)
+        return self._kernel(backend).encode(data, self.seed, step, into)
 
     def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False) -> Any:
         """Decompress a payload of ``n`` elements.
 
         Args:
-            payload: bytes or a uint8 array from ``encode`` (any codec instance with
+            payload: bytes, a uint8 array or tensor from ``encode`` (any codec instance with
                 the same algorithm and parameters).
             n: the element count the caller expects; a mismatch is a PayloadError.
-            out: an optional float32 array or CPU tensor of ``n`` elements to write to.
+            out: an optional contiguous float32 array or tensor of ``n`` elements.
             accumulate: add the decoded values to ``out`` instead of overwriting it.
 
         Returns:
-            ``out`` if given, else a new float32 array.
+            ``out`` if given, else a new float32 array (a CUDA tensor for CUDA payloads).
 
         Raises:
-            PayloadError: if the payload is malformed, truncated or from another codec.
+            PayloadError: if the payload is malformed, truncated or from another codec;
+                ``out`` is left as it was.
         """
+        n = int(n)
+        if accumulate and out is None:
+            raise ConfigError("accumulate=True needs out= to accumulate into")
+        if _is_cuda(payload):
+            self._backend(on_gpu=True)
+            torch = _torch()
+            target = torch.empty(n, dtype=torch.float32, device=payload.device) \
+                if out is None else out
+            if not (_is_cuda(target) and target.dtype == torch.float32
+                    and target.numel() == n and target.is_contiguous()):
+                raise ConfigError(f"out= must be a contiguous float32 CUDA tensor of {n} "
+                                  "elements")
+            self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate)
+            return target
         buf = _as_payload(payload)
-        values = interpreter.decode(self.program, buf, int(n))
-        if out is None:
+        backend = self._backend(on_gpu=False)
+        dest = None
+        if out is not None:
+            dest = out.numpy() if type(out).__module__.startswith("torch") else out
+            if not isinstance(dest, np.ndarray) or dest.dtype != np.float32 \
+                    or dest.size != n or not dest.flags.c_contiguous:
+                raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
+        if backend == "ref":
+            values = interpreter.decode(self.program, buf, n)
+            if dest is None:
+                return values
+            flat = dest.reshape(-1)
             if accumulate:
-                raise ConfigError("accumulate=True needs out= to accumulate into")
-            return values
-        target = out.numpy() if type(out).__module__.startswith("torch") else out
-        if not isinstance(target, np.ndarray) or target.dtype != np.float32 \
-                or target.size != n or not target.flags.c_contiguous:
-            raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
-        flat = target.reshape(-1)
-        if accumulate:
-            flat += values
-        else:
-            flat[...] = values
+                flat += values
+            else:
+                flat[...] = values
+            return out
+        if dest is None:
+            dest = np.empty(n, dtype=np.float32)
+            out = dest
+        self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest.reshape(-1),
+                                     accumulate)
         return out
 
 
@@ -140,13 +209,15 @@ def _as_payload(payload: Any) -> np.ndarray:
     return arr.reshape(-1)
 
 
-def codec(name_or_path: str | os.PathLike[str], target: str = "ref", seed: int = 0,
+def codec(name_or_path: str | os.PathLike[str], target: str = "auto", seed: int = 0,
           **params: Any) -> Codec:
     """Build a codec for a shipped algorithm or a ``.cll`` file.
 
     Args:
         name_or_path: an algorithm name from ``algorithms()`` or a path to a ``.cll`` file.
-        target: the backend; ``"ref"`` is the NumPy reference interpreter.
+        target: ``"auto"`` (CUDA tensors on the GPU, everything else on the CPU),
+            ``"cpu"``, ``"cuda"``, or ``"ref"`` for the NumPy reference interpreter.
+            Kernels are compiled on first use and cached (see ``compll.build``).
         seed: the RNG seed of stochastic algorithms.
         **params: overrides of the algorithm's ``param`` declarations.
 
@@ -155,7 +226,7 @@ def codec(name_or_path: str | os.PathLike[str], target: str = "ref", seed: int =
 
     Raises:
         ConfigError: unknown algorithm, target or parameter, or a failed ``require``.
-        CompileError: the DSL file does not parse or check.
+        CompileError: the DSL file does not parse or check, or a kernel fails to build.
 
     Example:
         >>> c = hipress.codec("dgc", ratio=0.01)
@@ -163,4 +234,4 @@ def codec(name_or_path: str | os.PathLike[str], target: str = "ref", seed: int =
     """
     if target not in TARGETS:
         raise ConfigError(f"unknown target {target!r}; available: {', '.join(TARGETS)}")
-    return Codec(compll.load(name_or_path, **params), target, seed)
+    return Codec(compiler.load(name_or_path, **params), target, seed)

@@ -18,3 +18,17 @@ def gradient(n: int, seed: int = 0) -> np.ndarray:
     g = r.standard_normal(n) * r.exponential(1.0, n)
     g[r.random(n) < 0.01] = 0.0
     return g.astype(np.float32)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_kernel_cache(tmp_path_factory):
+    """Build kernels into a cache private to this test session."""
+    import os
+
+    old = os.environ.get("HIPRESS_CACHE_DIR")
+    os.environ["HIPRESS_CACHE_DIR"] = str(tmp_path_factory.mktemp("hipress-cache"))
+    yield
+    if old is None:
+        os.environ.pop("HIPRESS_CACHE_DIR", None)
+    else:
+        os.environ["HIPRESS_CACHE_DIR"] = old

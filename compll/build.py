@@ -1,0 +1,185 @@
+"""Compile rendered kernels and cache the artifacts.
+
+``build(program, target)`` renders, compiles and returns the path of a shared
+library. Artifacts live under ``$HIPRESS_CACHE_DIR`` (default ``~/.cache/hipress``),
+keyed by a hash of the rendered source, the runtime headers, the compiler's version,
+the flags and the target. Concurrent builds of one key (several ranks starting at
+once) wait on a file lock, and every file lands with an atomic ``os.replace``.
+``HIPRESS_NO_CACHE=1`` builds into a fresh temporary folder instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import ir
+from .diagnostics import BuildError
+from .render import render
+
+__all__ = ["Artifact", "build", "cache_dir", "compiler_for", "CPU_FLAGS", "CUDA_ARCHS"]
+
+_TEMPLATES = Path(__file__).parent / "templates"
+#: No -ffast-math and no FMA contraction: kernels must round exactly like the interpreter.
+#: -fno-trapping-math only lets GCC evaluate both sides of a select (no FP traps are ever
+#: enabled), which is what turns selects into vector blends; no result changes.
+CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off",
+             "-fno-math-errno", "-fno-trapping-math", "-march=native", "-w")
+CUDA_ARCHS = ("80", "90")
+CUDA_FLAGS = ("-std=c++17", "-O3", "--extended-lambda", "--fmad=false", "-Xcompiler",
+              "-fPIC", "-shared", "-w")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A built kernel library and where its source is."""
+
+    library: Path
+    source: Path
+    key: str
+    cached: bool
+    seconds: float
+
+
+def cache_dir() -> Path:
+    """Where artifacts are cached: ``$HIPRESS_CACHE_DIR`` or ``~/.cache/hipress``."""
+    root = os.environ.get("HIPRESS_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "hipress"
+
+
+def compiler_for(target: str) -> str:
+    """The compiler executable for a target, or BuildError saying which variable to set."""
+    if target == "cpu":
+        names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+        var = "CXX"
+    else:
+        names = [os.environ["NVCC"]] if os.environ.get("NVCC") else ["nvcc"]
+        var = "NVCC"
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise BuildError(
+        f"no {'C++' if target == 'cpu' else 'CUDA'} compiler found (tried {', '.join(names)}); "
+        f"install one or set {var} to its path"
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _compiler_version(compiler: str) -> str:
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run {compiler}: {exc}") from None
+    return out.stdout.strip()
+
+
+@functools.lru_cache(maxsize=1)
+def _host_signature() -> str:
+    """What -march=native depends on: the processor model and its feature flags."""
+    text = platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("model name", "flags", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break
+    except OSError:
+        pass
+    return text
+
+
+def _runtime_text(target: str) -> str:
+    names = ["common.h", "cpu_runtime.h"] if target == "cpu" else ["common.h",
+                                                                     "cuda_runtime.cuh"]
+    return "".join((_TEMPLATES / n).read_text() for n in names)
+
+
+def _command(target: str, compiler: str, source: Path, library: Path) -> list[str]:
+    include = f"-I{_TEMPLATES}"
+    if target == "cpu":
+        return [compiler, *CPU_FLAGS, include, str(source), "-o", str(library)]
+    arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
+    return [compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]
+
+
+def _suffix(target: str) -> str:
+    return ".cpp" if target == "cpu" else ".cu"
+
+
+def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Artifact:
+    """Render ``program`` for ``target`` and compile it, reusing a cached build.
+
+    Args:
+        program: a checked program (parameters are compiled in).
+        target: ``"cpu"`` or ``"cuda"``.
+        use_cache: default: on unless ``HIPRESS_NO_CACHE`` is set.
+
+    Returns:
+        The ``Artifact`` with the library path.
+
+    Raises:
+        BuildError: no compiler, or the compiler failed (its message is included).
+    """
+    if use_cache is None:
+        use_cache = os.environ.get("HIPRESS_NO_CACHE", "") in ("", "0")
+    source = render(program, target)
+    compiler = compiler_for(target)
+    flags = CPU_FLAGS if target == "cpu" else CUDA_FLAGS + CUDA_ARCHS
+    key = hashlib.sha256("\0".join([
+        source, _runtime_text(target), _compiler_version(compiler), " ".join(flags), target,
+        _host_signature() if target == "cpu" else "",
+    ]).encode()).hexdigest()[:32]
+    if not use_cache:
+        folder = Path(tempfile.mkdtemp(prefix="hipress-build-"))
+        return _compile(target, compiler, source, folder, key, program.name)
+    folder = cache_dir() / target / key
+    library = folder / f"{program.name}.so"
+    if library.exists():
+        return Artifact(library, folder / f"{program.name}{_suffix(target)}", key, True, 0.0)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building this key
+        try:
+            if library.exists():
+                return Artifact(library, folder / f"{program.name}{_suffix(target)}", key,
+                                True, 0.0)
+            return _compile(target, compiler, source, folder, key, program.name)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
+             name: str) -> Artifact:
+    started = time.perf_counter()
+    src_path = folder / f"{name}{_suffix(target)}"
+    lib_path = folder / f"{name}.so"
+    tmp_src = folder / f".{name}.{os.getpid()}{_suffix(target)}"
+    tmp_lib = folder / f".{name}.{os.getpid()}.so"
+    tmp_src.write_text(source)
+    cmd = _command(target, compiler, tmp_src, tmp_lib)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    except OSError as exc:
+        raise BuildError(f"cannot run {compiler}: {exc}") from None
+    if proc.returncode != 0:
+        tmp_lib.unlink(missing_ok=True)
+        message = (proc.stderr or proc.stdout).strip()
+        raise BuildError(
+            f"building {name} for {target} failed; the source is {tmp_src}\n"
+            f"$ {' '.join(cmd)}\n{message[-4000:]}"
+        )
+    os.replace(tmp_src, src_path)
+    os.replace(tmp_lib, lib_path)
+    return Artifact(lib_path, src_path, key, False, time.perf_counter() - started)

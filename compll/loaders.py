@@ -1,0 +1,162 @@
+"""Load built kernel libraries and call them on NumPy arrays, CPU or CUDA tensors.
+
+Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
+
+    int64_t hp_encode(const float* g, uint64_t n, uint32_t seed, uint32_t step,
+                      uint8_t* out, uint64_t cap);      // payload size; writes if it fits
+    int     hp_decode(const uint8_t* p, uint64_t size, uint64_t n, float* out,
+                      int accumulate, char* err, uint64_t errcap);   // 0 or an error
+
+On the CPU the pointers are host memory (zero-copy views of NumPy arrays or CPU
+tensors); on the GPU they are device pointers of CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any
+
+import numpy as np
+
+from hipress.errors import ConfigError, PayloadError
+
+from . import ir
+from .build import Artifact, build
+from .payload import algorithm_id, header_size
+from .typing_rules import ITEMSIZE
+
+__all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint"]
+
+_ERRCAP = 512
+
+
+def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
+    """Payload bytes for ``n`` elements, counting run-time-length sections as
+    ``dynamic_elems`` elements (exact when the layout has no such section)."""
+    total = header_size(len(program.layout))
+    for section in program.layout:
+        ty = section.ty
+        if ty.kind == "scalar":
+            size = ITEMSIZE[ty.elem]
+        else:
+            assert ty.length is not None
+            count = {"n": n, "const": ty.length.value}.get(ty.length.kind, dynamic_elems)
+            size = (count * ty.bits + 7) // 8 if ty.kind == "packed" else count * ITEMSIZE[ty.elem]
+        total += (size + 7) // 8 * 8
+    return total
+
+
+def _dynamic(program: ir.Program) -> bool:
+    return any(s.ty.length is not None and s.ty.length.kind == "sym" for s in program.layout)
+
+
+class Kernel:
+    """A loaded library with the CompLL ABI. Subclasses adapt the memory kind."""
+
+    target = ""
+
+    def __init__(self, program: ir.Program, artifact: Artifact) -> None:
+        self.program = program
+        self.artifact = artifact
+        lib = ctypes.CDLL(str(artifact.library))
+        lib.hp_encode.restype = ctypes.c_int64
+        lib.hp_encode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                  ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
+        lib.hp_decode.restype = ctypes.c_int
+        lib.hp_decode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
+                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
+                                  ctypes.c_uint64]
+        lib.hp_algorithm_id.restype = ctypes.c_uint32
+        if lib.hp_algorithm_id() != algorithm_id(program):
+            raise ConfigError(f"{artifact.library} was built for another version of "
+                              f"{program.name}; clear the cache and retry")
+        self.lib = lib
+        self.dynamic = _dynamic(program)
+        self._last: dict[int, int] = {}  # n -> last payload size, to size the next buffer
+
+    def capacity(self, n: int) -> int:
+        if not self.dynamic:
+            return payload_size_hint(self.program, n, 0)
+        if n in self._last:
+            return self._last[n] + self._last[n] // 4 + 64
+        return payload_size_hint(self.program, n, max(1024, n // 64))
+
+    def run_encode(self, x_ptr: int, n: int, seed: int, step: int, alloc: Any) -> Any:
+        """Encode into a buffer from ``alloc(size)``; retry once if the guess was short."""
+        cap = self.capacity(n)
+        out, out_ptr = alloc(cap)
+        cap = len(out)  # a reused buffer may be larger than the guess
+        size = self.lib.hp_encode(x_ptr, n, seed, step, out_ptr, cap)
+        if size > cap:
+            out, out_ptr = alloc(size)
+            size = self.lib.hp_encode(x_ptr, n, seed, step, out_ptr, size)
+        self._last[n] = int(size)
+        return out[:size]
+
+    def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool) -> None:
+        err = ctypes.create_string_buffer(_ERRCAP)
+        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), err, _ERRCAP)
+        if rc != 0:
+            raise PayloadError(err.value.decode(errors="replace"))
+
+
+class CpuKernel(Kernel):
+    """A C++/OpenMP library called on host memory."""
+
+    target = "cpu"
+
+    def __init__(self, program: ir.Program, artifact: Artifact) -> None:
+        super().__init__(program, artifact)
+        threads = os.environ.get("HIPRESS_THREADS")
+        if threads:
+            self.lib.hp_set_threads(int(threads))
+
+    def encode(self, x: np.ndarray, seed: int, step: int,
+               into: np.ndarray | None = None) -> np.ndarray:
+        def alloc(size: int) -> tuple[np.ndarray, int]:
+            nonlocal into
+            if into is not None and into.size >= size:
+                buf, into = into, None  # use the caller's buffer once
+            else:
+                buf = np.empty(size, dtype=np.uint8)
+            return buf, buf.ctypes.data
+
+        return self.run_encode(x.ctypes.data, x.size, seed, step, alloc)
+
+    def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool) -> None:
+        self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate)
+
+
+class CudaKernel(Kernel):
+    """A CUDA library called on device memory of torch CUDA tensors."""
+
+    target = "cuda"
+
+    def encode(self, x: Any, seed: int, step: int, into: Any = None) -> Any:
+        import torch
+
+        def alloc(size: int) -> tuple[Any, int]:
+            nonlocal into
+            if into is not None and into.numel() >= size:
+                buf, into = into, None
+            else:
+                buf = torch.empty(size, dtype=torch.uint8, device=x.device)
+            return buf, buf.data_ptr()
+
+        with torch.cuda.device(x.device):
+            return self.run_encode(x.data_ptr(), x.numel(), seed, step, alloc)
+
+    def decode(self, payload: Any, n: int, out: Any, accumulate: bool) -> None:
+        import torch
+
+        if payload.data_ptr() % 8:
+            raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
+        with torch.cuda.device(out.device):
+            self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate)
+
+
+def load_kernel(program: ir.Program, target: str) -> Kernel:
+    """Build (or fetch from the cache) and load ``program`` for ``target``."""
+    artifact = build(program, target)
+    return CpuKernel(program, artifact) if target == "cpu" else CudaKernel(program, artifact)

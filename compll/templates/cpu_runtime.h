@@ -1,0 +1,602 @@
+// OpenMP building blocks for CompLL's C++ target. Element values come from lazily
+// evaluated lambdas `f(i)`, so elementwise chains fuse into the loops below.
+#pragma once
+
+#include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#define HP_BITCOPY(dst, src, n) std::memcpy((dst), (src), (n))
+#define HP_FN static inline
+#include "common.h"
+
+static_assert(sizeof(float) == 4 && sizeof(double) == 8, "IEEE floats expected");
+
+namespace hp {
+
+template <class T>
+using buffer = std::vector<T>;
+
+constexpr uint64_t SUM_CHUNK = 8192;  // compll/interpreter.py SUM_CHUNK
+constexpr int64_t GRAIN = 1 << 16;    // elements per parallel block in scans
+
+inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
+
+// ---- fused passes -------------------------------------------------------------------------
+// hp::fused(len, op1, op2, ...) runs several loop operations over the same elements in
+// one parallel pass, chunk by chunk (SUM_CHUNK elements, which fit in L1/L2), so the
+// input is read from memory once. Each op has start(len, chunks), chunk(lo, hi, c) and
+// finish(). Chunks are also the unit of the defined float-sum order.
+
+// Packed arrays that a pass reads are unpacked chunk by chunk into L1-resident bytes,
+// so element functions read st.p[k][i - st.lo]: a contiguous, vectorisable load.
+constexpr int MAX_STAGED = 4;
+struct Unpacks {
+  const uint8_t* src[MAX_STAGED];
+  uint32_t bits[MAX_STAGED];
+  int count;
+};
+struct Stage {
+  const uint8_t* p[MAX_STAGED];
+  uint64_t lo;
+  uint8_t get(int k, uint64_t i) const { return p[k][i - lo]; }
+};
+
+template <uint32_t BITS>
+inline void unpack_bits(uint8_t* dst, const uint8_t* s, uint64_t len) {
+  constexpr uint32_t per = 8 / BITS, mask = (1u << BITS) - 1u;
+  const uint64_t full = len / per;
+  for (uint64_t b = 0; b < full; ++b)
+    for (uint32_t k = 0; k < per; ++k) dst[b * per + k] = (uint8_t)((s[b] >> (k * BITS)) & mask);
+  for (uint64_t i = full * per; i < len; ++i)
+    dst[i] = (uint8_t)((s[i / per] >> ((i % per) * BITS)) & mask);
+}
+
+inline void unpack_chunk(uint8_t* dst, const uint8_t* src, uint64_t lo, uint64_t hi,
+                         uint32_t bits) {
+  const uint8_t* s = src + lo * bits / 8;  // lo is a multiple of SUM_CHUNK: byte aligned
+  const uint64_t len = hi - lo;
+  switch (bits) {
+    case 1: unpack_bits<1>(dst, s, len); break;
+    case 2: unpack_bits<2>(dst, s, len); break;
+    case 4: unpack_bits<4>(dst, s, len); break;
+    default: std::memcpy(dst, s, len);
+  }
+}
+
+template <class... Ops>
+void fused(uint64_t len, Unpacks u, Ops&&... ops) {
+  const int64_t chunks = (int64_t)((len + SUM_CHUNK - 1) / SUM_CHUNK);
+  (ops.start(len, chunks), ...);
+#pragma omp parallel
+  {
+    alignas(64) uint8_t staged[MAX_STAGED][SUM_CHUNK];
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const uint64_t lo = (uint64_t)c * SUM_CHUNK;
+      const uint64_t hi = std::min(len, lo + SUM_CHUNK);
+      Stage st;
+      st.lo = lo;
+      for (int k = 0; k < u.count; ++k) {
+        unpack_chunk(staged[k], u.src[k], lo, hi, u.bits[k]);
+        st.p[k] = staged[k];
+      }
+      (ops.chunk(lo, hi, c, st), ...);
+    }
+  }
+  (ops.finish(), ...);
+}
+
+// Every op evaluates its chunk into an L1-resident buffer first: that loop vectorises
+// (element functions are branch-free expressions), and the reduction or packing that
+// follows reads contiguous values.
+template <class T, class F>
+inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const Stage& st) {
+  for (uint64_t i = lo; i < hi; ++i) buf[i - lo] = (T)f(i, st);
+}
+
+typedef double hp_d4 __attribute__((vector_size(32)));
+typedef float hp_f4 __attribute__((vector_size(16)));
+typedef float hp_f8 __attribute__((vector_size(32)));
+typedef int32_t hp_i8 __attribute__((vector_size(32)));
+
+// Float sum in the defined order: f64 lanes l = i mod 8 within a chunk, lanes combined
+// pairwise, chunks added in order, rounded once to f32. Lanes 0-3 and 4-7 live in two
+// 4-wide vectors; each lane still adds its elements one after another.
+template <class F>
+struct SumF32 {
+  F f;
+  float* out;
+  std::vector<double> part;
+  void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0.0); }
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+    alignas(64) float buf[SUM_CHUNK];
+    eval_chunk(buf, lo, hi, f, st);
+    const uint64_t len = hi - lo;
+    hp_d4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
+    uint64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+      hp_f4 x, y;
+      std::memcpy(&x, buf + j, 16);
+      std::memcpy(&y, buf + j + 4, 16);
+      a += __builtin_convertvector(x, hp_d4);
+      b += __builtin_convertvector(y, hp_d4);
+    }
+    double lane[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
+    for (int l = 0; j + l < len; ++l) lane[l] += (double)buf[j + l];
+    part[(size_t)c] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                      ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  }
+  void finish() {
+    double total = 0.0;
+    for (double p : part) total += p;
+    *out = canonical((float)total);
+  }
+};
+template <class F>
+SumF32<F> sum_f32(F f, float* out) { return {f, out, {}}; }
+
+// Integer and bool sums are exact modulo 2^64, wrapped to the 32-bit result type.
+template <class T, class F>
+struct SumInt {
+  F f;
+  T* out;
+  std::vector<int64_t> part;
+  void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0); }
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+    alignas(64) int64_t buf[SUM_CHUNK];
+    eval_chunk(buf, lo, hi, f, st);
+    int64_t s = 0;
+    for (uint64_t i = 0; i < hi - lo; ++i) s += buf[i];
+    part[(size_t)c] = s;
+  }
+  void finish() {
+    uint64_t total = 0;
+    for (int64_t p : part) total += (uint64_t)p;
+    *out = (T)(uint32_t)total;
+  }
+};
+template <class T, class F>
+SumInt<T, F> sum_int(F f, T* out) { return {f, out, {}}; }
+
+// max/min over floats ignore NaN; a zero result is +0; all-NaN gives the canonical NaN;
+// empty gives -inf / +inf.
+template <bool IS_MAX, class F>
+struct ExtremeF32 {
+  F f;
+  float* out;
+  std::vector<float> part;
+  std::vector<uint8_t> all_nan;
+  void start(uint64_t, int64_t chunks) {
+    part.assign((size_t)chunks, IS_MAX ? -HP_INF : HP_INF);
+    all_nan.assign((size_t)chunks, 1);
+  }
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+    alignas(64) float buf[SUM_CHUNK];
+    eval_chunk(buf, lo, hi, f, st);
+    // Eight independent lanes: NaN is skipped, and max/min of the rest is order-free
+    // (a zero result is made +0 at the end).
+    const float init = IS_MAX ? -HP_INF : HP_INF;
+    const uint64_t len = hi - lo;
+    hp_f8 best8 = {init, init, init, init, init, init, init, init};
+    hp_i8 nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    uint64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+      hp_f8 v;
+      std::memcpy(&v, buf + j, 32);
+      const hp_i8 is_nan = v != v;
+      nan8 -= is_nan;  // a true comparison is -1
+      v = is_nan ? best8 : v;
+      best8 = IS_MAX ? (v > best8 ? v : best8) : (v < best8 ? v : best8);
+    }
+    float best = init;
+    int64_t nan_count = 0;
+    for (int l = 0; l < 8; ++l) {
+      best = IS_MAX ? hp_fmax(best, best8[l]) : hp_fmin(best, best8[l]);
+      nan_count += nan8[l];
+    }
+    for (; j < len; ++j) {
+      best = IS_MAX ? hp_fmax(best, buf[j]) : hp_fmin(best, buf[j]);
+      nan_count += hp_isnan(buf[j]);
+    }
+    part[(size_t)c] = best;
+    all_nan[(size_t)c] = nan_count == (int64_t)len;
+  }
+  void finish() {
+    float best = IS_MAX ? -HP_INF : HP_INF;
+    bool nan_only = !part.empty();
+    for (size_t c = 0; c < part.size(); ++c) {
+      best = IS_MAX ? hp_fmax(best, part[c]) : hp_fmin(best, part[c]);
+      nan_only = nan_only && all_nan[c];
+    }
+    *out = nan_only ? HP_NAN : (best == 0.0f ? 0.0f : best);
+  }
+};
+template <bool IS_MAX, class F>
+ExtremeF32<IS_MAX, F> extreme_f32(F f, float* out) { return {f, out, {}, {}}; }
+
+template <bool IS_MAX, class T, class F>
+struct ExtremeInt {
+  F f;
+  T* out;
+  std::vector<T> part;
+  static T init() { return IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max(); }
+  void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, init()); }
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+    alignas(64) T buf[SUM_CHUNK];
+    eval_chunk(buf, lo, hi, f, st);
+    T best = init();
+    for (uint64_t i = 0; i < hi - lo; ++i) best = IS_MAX ? (buf[i] > best ? buf[i] : best)
+                                                         : (buf[i] < best ? buf[i] : best);
+    part[(size_t)c] = best;
+  }
+  void finish() {
+    T best = init();
+    for (T p : part) best = IS_MAX ? (p > best ? p : best) : (p < best ? p : best);
+    *out = best;
+  }
+};
+template <bool IS_MAX, class T, class F>
+ExtremeInt<IS_MAX, T, F> extreme_int(F f, T* out) { return {f, out, {}}; }
+
+// Bit packing a chunk (little-endian: element i at bit i*BITS). Chunks start at
+// multiples of SUM_CHUNK elements, so at whole 64-bit words.
+template <int BITS, class F>
+struct Pack {
+  uint8_t* dst;
+  F f;
+  void start(uint64_t, int64_t) {}
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+    constexpr uint32_t per = 8 / BITS;  // elements per byte
+    constexpr uint8_t mask = (uint8_t)((1u << BITS) - 1u);
+    const uint64_t len = hi - lo;
+    uint8_t* out = dst + lo * BITS / 8;
+    using R = decltype(f(lo, st));
+    alignas(64) R vals[SUM_CHUNK];
+    alignas(64) uint8_t v[SUM_CHUNK + 64];
+    eval_chunk(vals, lo, hi, f, st);
+    for (uint64_t i = 0; i < len; ++i) v[i] = (uint8_t)((uint8_t)vals[i] & mask);
+    if (BITS == 8) {
+      std::memcpy(out, v, len);
+      return;
+    }
+    for (uint64_t i = len; i < len + 64; ++i) v[i] = 0;
+    uint64_t b = 0;
+#ifdef __AVX2__
+    if (BITS == 1) {  // 32 bits at a time: move each 0/1 byte's bit 0 to the sign bit
+      for (; (b + 4) * 8 <= len; b += 4) {
+        const __m256i x = _mm256_slli_epi16(_mm256_load_si256((const __m256i*)(v + b * 8)), 7);
+        const uint32_t bits = (uint32_t)_mm256_movemask_epi8(x);
+        std::memcpy(out + b, &bits, 4);
+      }
+    }
+#endif
+    const uint64_t bytes = (len * BITS + 7) / 8;
+    for (; b < bytes; ++b) {
+      uint8_t byte = 0;
+      for (uint32_t k = 0; k < per; ++k) byte |= (uint8_t)(v[b * per + k] << (k * BITS));
+      out[b] = byte;
+    }
+  }
+  void finish() {}
+};
+template <int BITS, class F>
+Pack<BITS, F> pack(uint8_t* dst, F f) { return {dst, f}; }
+
+// Store a lazily computed array of T into a payload section (8-byte aligned).
+template <class T, class F>
+struct Store {
+  uint8_t* dst;
+  F f;
+  void start(uint64_t, int64_t) {}
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+    eval_chunk(reinterpret_cast<T*>(dst) + lo, lo, hi, f, st);
+  }
+  void finish() {}
+};
+template <class T, class F>
+Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
+
+// The decoded tensor: out[i] = f(i), or out[i] += f(i) when accumulating.
+template <class F>
+struct WriteOut {
+  float* out;
+  int accumulate;
+  F f;
+  void start(uint64_t, int64_t) {}
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+    const F f = this->f;  // a local copy: stores to out cannot alias its captures
+    float* const o = this->out;
+    if (accumulate) {
+      for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + f(i, st);
+    } else {
+      for (uint64_t i = lo; i < hi; ++i) o[i] = f(i, st);
+    }
+  }
+  void finish() {}
+};
+template <class F>
+WriteOut<F> write_out(float* out, int accumulate, F f) { return {out, accumulate, f}; }
+
+// Materialise a lazy array (used when a packed array is bound to a name).
+template <int BITS, class F>
+void pack_all(uint8_t* dst, uint64_t len, F f) {
+  fused(len, Unpacks{{}, {}, 0}, pack<BITS>(dst, f));
+}
+
+// Stream compaction in index order: count per block, prefix, write.
+template <class T, class V, class P>
+void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector<T>* out) {
+  const int64_t blocks = (int64_t)((len + GRAIN - 1) / GRAIN);
+  std::vector<uint64_t> start((size_t)blocks + 1, 0);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
+    uint64_t c = 0;
+    for (uint64_t i = lo; i < hi; ++i) c += pred(i) ? 1 : 0;
+    start[(size_t)b + 1] = c;
+  }
+  for (int64_t b = 0; b < blocks; ++b) start[(size_t)b + 1] += start[(size_t)b];
+  if (idx) idx->resize((size_t)start[(size_t)blocks]);
+  out->resize((size_t)start[(size_t)blocks]);
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
+    uint64_t pos = start[(size_t)b];
+    for (uint64_t i = lo; i < hi; ++i) {
+      if (pred(i)) {
+        if (idx) (*idx)[pos] = (uint32_t)i;
+        (*out)[pos] = val(i);
+        ++pos;
+      }
+    }
+  }
+}
+
+// The ranking of sort and topk: keys widen to double; NaN ranks last.
+struct Ranked {
+  const double* key;
+  bool descending;
+  bool operator()(uint32_t a, uint32_t b) const {
+    const double ka = key[a], kb = key[b];
+    if (ka != ka) return false;
+    if (kb != kb) return true;
+    return descending ? ka > kb : ka < kb;
+  }
+};
+
+template <class K>
+std::vector<double> keys_of(uint64_t len, K key) {
+  std::vector<double> k((size_t)len);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < (int64_t)len; ++i) k[(size_t)i] = (double)key((uint64_t)i);
+  return k;
+}
+
+template <class T, class V, class K>
+void sort(uint64_t len, V val, K key, bool descending, std::vector<uint32_t>* idx,
+          std::vector<T>* out) {
+  std::vector<double> k = keys_of(len, key);
+  std::vector<uint32_t> order((size_t)len);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), Ranked{k.data(), descending});
+  out->resize((size_t)len);
+  for (uint64_t i = 0; i < len; ++i) (*out)[i] = val(order[i]);
+  if (idx) *idx = std::move(order);
+}
+
+// Exact top-k: the k best under (key descending, NaN last, lower index first),
+// returned in index order. A strided sample bounds the threshold from below so the
+// exact selection runs on a few candidates; if too few pass, all elements compete.
+template <class T, class V, class K>
+void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
+          std::vector<T>* out) {
+  const uint64_t k = kk <= 0 ? 0 : std::min<uint64_t>((uint64_t)kk, len);
+  std::vector<uint32_t> cand;
+  if (k > 0 && len > 65536 && k * 8 < len) {
+    const uint64_t samples = std::min<uint64_t>(len, 16384);
+    const uint64_t stride = len / samples;
+    std::vector<double> s((size_t)samples);
+    for (uint64_t j = 0; j < samples; ++j) s[j] = (double)key(j * stride);
+    // rank of the threshold in the sample: twice the expected share of top-k, plus slack
+    uint64_t r = std::min<uint64_t>(samples - 1, (2 * k * samples) / len + 16);
+    std::nth_element(s.begin(), s.begin() + (int64_t)r, s.end(), [](double a, double b) {
+      if (a != a) return false;
+      if (b != b) return true;
+      return a > b;
+    });
+    const double thr = s[(size_t)r];
+    if (thr == thr) {
+      std::vector<uint32_t> picked;
+      filter<uint32_t>(
+          len, [](uint64_t i) { return (uint32_t)i; },
+          [&](uint64_t i) { return (double)key(i) >= thr; }, nullptr, &picked);
+      if (picked.size() >= k) cand = std::move(picked);
+    }
+  }
+  if (cand.empty()) {
+    cand.resize((size_t)len);
+    std::iota(cand.begin(), cand.end(), 0u);
+  }
+  std::vector<double> ck(cand.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < (int64_t)cand.size(); ++j) ck[(size_t)j] = (double)key(cand[(size_t)j]);
+  std::vector<uint32_t> pos(cand.size());
+  std::iota(pos.begin(), pos.end(), 0u);
+  auto better = [&](uint32_t a, uint32_t b) {
+    const double ka = ck[a], kb = ck[b];
+    if (ka != ka) return (kb != kb) && cand[a] < cand[b];
+    if (kb != kb) return true;
+    if (ka != kb) return ka > kb;
+    return cand[a] < cand[b];
+  };
+  if (k < pos.size()) std::nth_element(pos.begin(), pos.begin() + (int64_t)k, pos.end(), better);
+  pos.resize((size_t)k);
+  std::vector<uint32_t> chosen((size_t)k);
+  for (uint64_t j = 0; j < k; ++j) chosen[j] = cand[pos[j]];
+  std::sort(chosen.begin(), chosen.end());
+  out->resize((size_t)k);
+  for (uint64_t j = 0; j < k; ++j) (*out)[j] = val(chosen[j]);
+  if (idx) *idx = std::move(chosen);
+}
+
+// Unaligned little-endian load of one value from a payload section.
+template <class T>
+inline T load(const uint8_t* p, uint64_t i) {
+  T v;
+  std::memcpy(&v, p + i * sizeof(T), sizeof(T));
+  return v;
+}
+
+inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
+                unsigned long long b = 0) {
+  std::snprintf(err, errcap, fmt, a, b);
+  return 1;
+}
+
+// Check every index of a scatter before anything is written, so a bad payload
+// leaves the caller's buffer as it was.
+template <class I>
+bool check_indices(uint64_t len, uint64_t size, I index, char* err, uint64_t errcap) {
+  for (uint64_t j = 0; j < len; ++j) {
+    const int64_t ix = (int64_t)index(j);
+    if (ix < 0 || (uint64_t)ix >= size) {
+      std::snprintf(err, errcap, "payload index %lld is outside the tensor of %llu elements",
+                    (long long)ix, (unsigned long long)size);
+      return false;
+    }
+  }
+  return true;
+}
+
+// out[index(j)] += value(j) in order of j, skipping indices outside [0, size).
+template <class T, class I, class V>
+void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
+  for (uint64_t j = 0; j < len; ++j) {
+    const int64_t ix = (int64_t)index(j);
+    if (ix >= 0 && (uint64_t)ix < size) out[ix] = out[ix] + value(j);
+  }
+}
+
+// A decoded scatter: zeros plus values in index order, added to out when accumulating
+// (through a zeroed scratch so the sum is the interpreter's out + (0 + v1 + v2 ...)).
+template <class I, class V>
+void scatter_out(float* out, uint64_t n, int accumulate, uint64_t len, I index, V value) {
+  if (!accumulate) {
+    std::memset(out, 0, n * sizeof(float));
+    scatter_add(out, n, len, index, value);
+    return;
+  }
+  std::vector<float> tmp((size_t)n, 0.0f);
+  scatter_add(tmp.data(), n, len, index, value);
+  const float* t = tmp.data();
+  fused(n, Unpacks{{}, {}, 0}, write_out(out, 1, [=](uint64_t i, const Stage&) { return t[i]; }));
+}
+
+inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }
+inline void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t n) { std::memcpy(dst, src, n); }
+inline void zero_bytes(uint8_t* dst, uint64_t n) { std::memset(dst, 0, n); }
+template <class T>
+inline T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+// ---- payload header (compll/payload.py) -----------------------------------------------
+constexpr uint64_t HEADER = 24;
+
+inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n, uint32_t seed,
+                         uint32_t step, const uint64_t* sizes) {
+  out[0] = 'H';
+  out[1] = 'P';
+  out[2] = 1;
+  out[3] = (uint8_t)nsec;
+  std::memcpy(out + 4, &algo, 4);
+  std::memcpy(out + 8, &n, 8);
+  std::memcpy(out + 16, &seed, 4);
+  std::memcpy(out + 20, &step, 4);
+  std::memcpy(out + HEADER, sizes, 8 * nsec);
+}
+
+// Validate the fixed header fields; fills sizes, seed, step. Returns false with a
+// message in err on any mismatch, before any section is read.
+inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
+                        uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
+                        char* err, uint64_t errcap) {
+  if (size < HEADER) {
+    std::snprintf(err, errcap, "payload of %llu bytes is shorter than the 24-byte header",
+                  (unsigned long long)size);
+    return false;
+  }
+  if (p[0] != 'H' || p[1] != 'P') {
+    std::snprintf(err, errcap, "not a HiPress payload (bad magic)");
+    return false;
+  }
+  if (p[2] != 1) {
+    std::snprintf(err, errcap,
+                  "payload format version %u is not supported (this HiPress reads version 1)",
+                  (unsigned)p[2]);
+    return false;
+  }
+  uint32_t got_algo;
+  uint64_t got_n;
+  std::memcpy(&got_algo, p + 4, 4);
+  std::memcpy(&got_n, p + 8, 8);
+  std::memcpy(seed, p + 16, 4);
+  std::memcpy(step, p + 20, 4);
+  if (got_algo != algo) {
+    std::snprintf(err, errcap, "payload was written by another algorithm or parameter set");
+    return false;
+  }
+  if (got_n != n) {
+    std::snprintf(err, errcap, "payload holds %llu elements but %llu were requested",
+                  (unsigned long long)got_n, (unsigned long long)n);
+    return false;
+  }
+  if (p[3] != nsec) {
+    std::snprintf(err, errcap, "payload has %u sections; this algorithm writes %u",
+                  (unsigned)p[3], (unsigned)nsec);
+    return false;
+  }
+  if (size < HEADER + 8ull * nsec) {
+    std::snprintf(err, errcap, "payload of %llu bytes is shorter than its header",
+                  (unsigned long long)size);
+    return false;
+  }
+  std::memcpy(sizes, p + HEADER, 8 * nsec);
+  return true;
+}
+
+// Sizes come from the payload: check each against the buffer before adding, so a
+// forged size cannot overflow the total.
+inline bool check_total(uint64_t size, uint32_t nsec, const uint64_t* sizes, char* err,
+                        uint64_t errcap) {
+  uint64_t total = HEADER + 8ull * nsec;
+  for (uint32_t k = 0; k < nsec; ++k) {
+    if (sizes[k] > size) {
+      std::snprintf(err, errcap, "payload is %llu bytes but a section claims %llu",
+                    (unsigned long long)size, (unsigned long long)sizes[k]);
+      return false;
+    }
+    total += hp_pad8(sizes[k]);
+  }
+  if (total != size) {
+    std::snprintf(err, errcap, "payload is %llu bytes but its header describes %llu",
+                  (unsigned long long)size, (unsigned long long)total);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace hp
