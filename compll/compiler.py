@@ -14,7 +14,8 @@ from . import ir
 from .checker import check
 from .parser import parse
 
-__all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "load", "load_source"]
+__all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "dump_stage", "load",
+           "load_source"]
 
 
 def dsl_dir() -> Path:
@@ -60,10 +61,12 @@ def describe_params(program: ir.Program) -> str:
     return ", ".join(shown)
 
 
-def _dump(stage: str, value: Any) -> None:
+def dump_stage(stage: str, value: Any) -> None:
+    """Print a stage's output to stderr when ``HIPRESS_DUMP`` names it (or is ``all``)."""
     wanted = os.environ.get("HIPRESS_DUMP", "")
     if stage in wanted.split(",") or wanted == "all":
-        print(f"--- compll {stage} ---\n{pformat(value, width=100)}", file=sys.stderr)
+        text = value if isinstance(value, str) else pformat(value, width=100)
+        print(f"--- compll {stage} ---\n{text}", file=sys.stderr)
 
 
 def load_source(source: str, path: str = "<string>", name: str | None = None,
@@ -83,9 +86,9 @@ def load_source(source: str, path: str = "<string>", name: str | None = None,
         >>> prog = load_source(open("dsl/onebit.cll").read(), "dsl/onebit.cll")
     """
     items, smap = parse(source, path)
-    _dump("parse", items)
+    dump_stage("parse", items)
     program = check(items, smap, name or Path(path).stem, params)
-    _dump("check", program)
+    dump_stage("check", program)
     return program
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, PayloadError
+from hipress.errors import ConfigError, HiPressError, PayloadError
 
 from . import ir
 from .build import Artifact, build
@@ -68,6 +68,7 @@ class Kernel:
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
                                   ctypes.c_uint64]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
+        lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
             raise ConfigError(f"{artifact.library} was built for another version of "
                               f"{program.name}; clear the cache and retry")
@@ -91,12 +92,18 @@ class Kernel:
         if size > cap:
             out, out_ptr = alloc(size)
             size = self.lib.hp_encode(x_ptr, n, seed, step, out_ptr, size)
+        if size < 0:
+            message = self.lib.hp_last_error().decode(errors="replace")
+            raise HiPressError(f"{self.program.name} encode failed on {self.target}: {message}")
         self._last[n] = int(size)
         return out[:size]
 
     def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool) -> None:
         err = ctypes.create_string_buffer(_ERRCAP)
         rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), err, _ERRCAP)
+        if rc == 3:
+            raise HiPressError(f"{self.program.name} decode failed on {self.target}: "
+                               f"{err.value.decode(errors='replace')}")
         if rc != 0:
             raise PayloadError(err.value.decode(errors="replace"))
 

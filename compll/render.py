@@ -898,7 +898,13 @@ class CudaRenderer(CRenderer):
 
 def render(program: ir.Program, target: str) -> str:
     """Render a checked program for ``target`` (``"cpu"`` or ``"cuda"``)."""
+    from .compiler import dump_stage
+
     renderers: dict[str, type[CRenderer]] = {"cpu": CpuRenderer, "cuda": CudaRenderer}
     if target not in renderers:
         raise BuildError(f"no renderer for target {target!r}")
-    return renderers[target](program).source()
+    renderer = renderers[target](program)
+    dump_stage("lower", renderer.program)
+    source = renderer.source()
+    dump_stage("render", source)
+    return source

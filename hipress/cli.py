@@ -38,7 +38,29 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         layout = ", ".join(str(s.ty) for s in program.layout)
         print(f"{path}: ok: {program.name} (params: {params})")
         print(f"  payload: {header_size(len(program.layout))}-byte header + {layout}")
+        if args.target:
+            _emit(program, args.target, args.output)
     return 0
+
+
+def _emit(program, target: str, output: str | None) -> None:
+    """Build a checked program and say where the source and library are."""
+    import shutil
+    from pathlib import Path
+
+    from compll.build import build
+
+    art = build(program, target)
+    source, library = art.source, art.library
+    if output:
+        folder = Path(output)
+        folder.mkdir(parents=True, exist_ok=True)
+        source = Path(shutil.copy2(art.source, folder / art.source.name))
+        library = Path(shutil.copy2(art.library, folder / art.library.name))
+    how = "cached" if art.cached else f"built in {art.seconds:.1f} s"
+    print(f"  {target}: {how}")
+    print(f"    source:  {source}")
+    print(f"    library: {library}")
 
 
 def _param(text: str) -> tuple[str, object]:
@@ -87,10 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("algorithms", help="list the shipped compression algorithms")
     p.set_defaults(func=_cmd_algorithms)
 
-    p = sub.add_parser("compile", help="check a CompLL file and show its payload layout")
+    p = sub.add_parser("compile", help="check a CompLL file; with --target, build its kernels")
     p.add_argument("files", nargs="+", metavar="FILE.cll")
     p.add_argument("--param", "-p", action="append", type=_param, metavar="NAME=VALUE",
                    help="override a parameter (repeatable)")
+    p.add_argument("--target", choices=["cpu", "cuda"],
+                   help="also generate and build kernels for this target")
+    p.add_argument("-o", "--output", metavar="DIR", help="copy the source and library here")
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels)")

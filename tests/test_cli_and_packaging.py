@@ -81,3 +81,12 @@ def test_wheel_ships_dsl_files_and_plugins(tmp_path):
         assert f"hipress/dsl/{algo}.cll" in names
     assert "hipress/torch/__init__.py" in names
     assert "compll/grammar.lark" in names
+
+
+@pytest.mark.cpu
+def test_compile_emits_and_builds(tmp_path, capsys):
+    assert main(["compile", str(ROOT / "dsl" / "onebit.cll"), "--target", "cpu",
+                 "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"library: {tmp_path}" in out
+    assert (tmp_path / "onebit.so").exists() and (tmp_path / "onebit.cpp").exists()

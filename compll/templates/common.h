@@ -32,71 +32,34 @@ HP_FN bool hp_isfinite(float x) { return (hp_f2u(x) & 0x7F800000u) != 0x7F800000
 // ---- f16 <-> f32 -----------------------------------------------------------------------
 // Round to nearest even; magnitudes from 65520 up become inf; NaN becomes the quiet NaN
 // of its sign (0x7E00). Widening is exact; a NaN keeps its payload with the quiet bit set.
-HP_FN uint16_t hp_f16_nan(float f) { return (uint16_t)(((hp_f2u(f) >> 16) & 0x8000u) | 0x7E00u); }
 
-#if defined(__F16C__) && !defined(__CUDACC__)
-HP_FN hp_f16 hp_f32_to_f16(float f) {  // one vcvtps2ph, which also rounds to nearest even
-  const _Float16 h = (_Float16)f;
-  uint16_t b;
-  HP_BITCOPY(&b, &h, 2);
-  hp_f16 out;
-  out.bits = f != f ? hp_f16_nan(f) : b;
-  return out;
-}
-HP_FN float hp_f16_to_f32(hp_f16 h) {
-  _Float16 v;
-  HP_BITCOPY(&v, &h.bits, 2);
-  return (float)v;  // vcvtph2ps: exact, and a NaN gets its quiet bit
-}
-#else
+// Branch-free (selects only), so loops over it vectorise. The normal path rounds by
+// adding 0xFFF plus the lowest kept mantissa bit (round half to even); subnormal halves
+// come out of one float addition against 0.5, which rounds the same way.
 HP_FN hp_f16 hp_f32_to_f16(float f) {
-  uint32_t x = hp_f2u(f);
-  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-  uint32_t mag = x & 0x7FFFFFFFu;
+  const uint32_t u = hp_f2u(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t x = u & 0x7FFFFFFFu;
+  const uint32_t special = x > 0x7F800000u ? 0x7E00u : 0x7C00u;  // NaN or inf
+  const uint32_t sub = hp_f2u(hp_u2f(x) + 0.5f) - 0x3F000000u;  // |f| < 2^-14
+  const uint32_t normal = (x + 0xC8000FFFu + ((x >> 13) & 1u)) >> 13;  // rebias + round
+  const uint32_t mag = x >= 0x47800000u ? special : (x < 0x38800000u ? sub : normal);
   hp_f16 h;
-  if (mag > 0x7F800000u) {  // NaN -> the quiet NaN of the same sign
-    h.bits = hp_f16_nan(f);
-    return h;
-  }
-  if (mag >= 0x477FF000u) {  // rounds to >= 65520: infinity
-    h.bits = (uint16_t)(sign | 0x7C00u);
-    return h;
-  }
-  if (mag < 0x38800000u) {  // below the smallest normal half: subnormal or zero
-    if (mag < 0x33000000u) {  // below half the smallest subnormal
-      h.bits = sign;
-      return h;
-    }
-    uint32_t exp = mag >> 23;
-    uint32_t mant = (mag & 0x7FFFFFu) | 0x800000u;
-    uint32_t shift = 126u - exp;  // 14..24
-    uint32_t q = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q += 1u;
-    h.bits = (uint16_t)(sign | q);
-    return h;
-  }
-  uint32_t q = (mag - 0x38000000u) >> 13;  // rebias exponent, keep 10 mantissa bits
-  uint32_t rem = mag & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q += 1u;
-  h.bits = (uint16_t)(sign | q);
+  h.bits = (uint16_t)(sign | mag);
   return h;
 }
 
 HP_FN float hp_f16_to_f32(hp_f16 h) {
-  uint32_t sign = ((uint32_t)h.bits & 0x8000u) << 16;
-  uint32_t exp = ((uint32_t)h.bits >> 10) & 0x1Fu;
-  uint32_t mant = (uint32_t)h.bits & 0x3FFu;
-  if (exp == 0x1Fu) return hp_u2f(sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0u));
-  if (exp == 0) {
-    if (mant == 0) return hp_u2f(sign);
-    float v = (float)mant * 5.9604644775390625e-8f;  // mant * 2^-24, exact
-    return sign ? -v : v;
-  }
-  return hp_u2f(sign | ((exp + 112u) << 23) | (mant << 13));
+  const uint32_t b = h.bits;
+  const uint32_t sign = (b & 0x8000u) << 16;
+  const uint32_t em = (b & 0x7FFFu) << 13;  // exponent and mantissa in float position
+  const uint32_t exp = em & 0x0F800000u;
+  const uint32_t normal = em + 0x38000000u;  // rebias 15 -> 127
+  const uint32_t special = em + 0x70000000u | ((b & 0x3FFu) ? 0x400000u : 0u);  // inf/NaN
+  const uint32_t sub = hp_f2u(hp_u2f(em + 0x38800000u) - hp_u2f(0x38800000u));  // renormalise
+  const uint32_t mag = exp == 0x0F800000u ? special : (exp == 0 ? sub : normal);
+  return hp_u2f(sign | mag);
 }
-#endif
 
 // A select whose operands are both evaluated (as CompLL's `if` defines), which lets
 // the optimiser turn it into a branch-free blend.

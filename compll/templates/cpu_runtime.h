@@ -56,8 +56,23 @@ template <uint32_t BITS>
 inline void unpack_bits(uint8_t* dst, const uint8_t* s, uint64_t len) {
   constexpr uint32_t per = 8 / BITS, mask = (1u << BITS) - 1u;
   const uint64_t full = len / per;
-  for (uint64_t b = 0; b < full; ++b)
-    for (uint32_t k = 0; k < per; ++k) dst[b * per + k] = (uint8_t)((s[b] >> (k * BITS)) & mask);
+  if (BITS == 2) {  // one input byte -> one 32-bit word of four outputs
+    for (uint64_t b = 0; b < full; ++b) {
+      const uint32_t x = s[b];
+      const uint32_t w = (x & 3u) | ((x << 6) & 0x300u) | ((x << 12) & 0x30000u) |
+                         ((x << 18) & 0x3000000u);
+      std::memcpy(dst + 4 * b, &w, 4);
+    }
+  } else if (BITS == 4) {
+    for (uint64_t b = 0; b < full; ++b) {
+      const uint16_t x = s[b];
+      const uint16_t w = (uint16_t)((x & 0xFu) | ((x << 4) & 0xF00u));
+      std::memcpy(dst + 2 * b, &w, 2);
+    }
+  } else {
+    for (uint64_t b = 0; b < full; ++b)
+      for (uint32_t k = 0; k < per; ++k) dst[b * per + k] = (uint8_t)((s[b] >> (k * BITS)) & mask);
+  }
   for (uint64_t i = full * per; i < len; ++i)
     dst[i] = (uint8_t)((s[i / per] >> ((i % per) * BITS)) & mask);
 }
@@ -281,6 +296,21 @@ struct Pack {
       }
     }
 #endif
+    if (BITS == 2 || BITS == 4) {  // per output byte, one 32- or 16-bit word of inputs
+      const uint64_t whole = len / per;
+      for (; b < whole; ++b) {
+        if (BITS == 2) {
+          uint32_t w;
+          std::memcpy(&w, v + 4 * b, 4);
+          out[b] = (uint8_t)((w & 0x3u) | ((w >> 6) & 0xCu) | ((w >> 12) & 0x30u) |
+                             ((w >> 18) & 0xC0u));
+        } else {
+          uint16_t w;
+          std::memcpy(&w, v + 2 * b, 2);
+          out[b] = (uint8_t)((w & 0xFu) | ((w >> 4) & 0xF0u));
+        }
+      }
+    }
     const uint64_t bytes = (len * BITS + 7) / 8;
     for (; b < bytes; ++b) {
       uint8_t byte = 0;

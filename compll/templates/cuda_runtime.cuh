@@ -1,0 +1,707 @@
+// CUDA building blocks for CompLL's GPU target. The generated host code is the same as
+// the C++ target's: scalars live on the host, arrays are device pointers, and element
+// functions are extended __device__ lambdas that kernels call per element. Every
+// reduction keeps the interpreter's order (see cpu_runtime.h), so results are the same
+// bits as on the CPU.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#define HP_BITCOPY(dst, src, n) memcpy((dst), (src), (n))
+#define HP_FN static __host__ __device__ inline
+#include "common.h"
+
+namespace hp {
+
+constexpr uint64_t SUM_CHUNK = 8192;  // compll/interpreter.py SUM_CHUNK
+constexpr int THREADS = 256;
+constexpr int MAX_STAGED = 4;
+
+// The first CUDA error of a call; the exported functions report it.
+inline char* error_text() {
+  static thread_local char text[256] = {0};
+  return text;
+}
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess && error_text()[0] == 0)
+    std::snprintf(error_text(), 256, "%s: %s", what, cudaGetErrorString(e));
+}
+inline bool failed() { return error_text()[0] != 0; }
+
+inline unsigned blocks_for(uint64_t n) {
+  const uint64_t b = (n + THREADS - 1) / THREADS;
+  return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>(b, 65535ull * 8));
+}
+
+// A device array owned by the host code, like std::vector on the CPU.
+template <class T>
+class buffer {
+ public:
+  buffer() = default;
+  explicit buffer(uint64_t n) { resize(n); }
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  buffer(buffer&& o) noexcept { *this = std::move(o); }
+  buffer& operator=(buffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ~buffer() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void resize(uint64_t n) {  // zero-filled; contents are not kept
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    size_ = n;
+    if (n) {
+      check(cudaMalloc(&ptr_, n * sizeof(T)), "cudaMalloc");
+      check(cudaMemset(ptr_, 0, n * sizeof(T)), "cudaMemset");
+    }
+  }
+  T* data() const { return ptr_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  T* ptr_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+template <class T>
+std::vector<T> to_host(const T* p, uint64_t n) {
+  std::vector<T> h((size_t)n);
+  if (n) check(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
+  return h;
+}
+template <class T>
+void to_device(T* p, const std::vector<T>& h) {
+  if (!h.empty())
+    check(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "copy to device");
+}
+
+struct Unpacks {
+  const uint8_t* src[MAX_STAGED];
+  uint32_t bits[MAX_STAGED];
+  int count;
+};
+// On the GPU packed arrays are read in place (no staging pass).
+struct Stage {
+  const uint8_t* src[MAX_STAGED];
+  uint32_t bits[MAX_STAGED];
+  __device__ uint8_t get(int k, uint64_t i) const { return hp_unpack(src[k], i, bits[k]); }
+};
+inline Stage stage_of(const Unpacks& u) {
+  Stage st{};
+  for (int k = 0; k < u.count; ++k) {
+    st.src[k] = u.src[k];
+    st.bits[k] = u.bits[k];
+  }
+  return st;
+}
+
+// ---- kernels -------------------------------------------------------------------------------
+// One thread per (chunk, lane): lane l of a chunk adds elements l, l+8, ... in order.
+template <class F>
+__global__ void k_sum_lanes(uint64_t len, F f, Stage st, double* lanes) {
+  const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  const uint64_t chunk = t / 8, lane = t % 8;
+  const uint64_t lo = chunk * SUM_CHUNK;
+  if (lo >= len) return;
+  const uint64_t hi = lo + SUM_CHUNK < len ? lo + SUM_CHUNK : len;
+  double acc = 0.0;
+  for (uint64_t i = lo + lane; i < hi; i += 8) acc += (double)f(i, st);
+  lanes[t] = acc;
+}
+
+__global__ inline void k_combine_lanes(uint64_t chunks, const double* lanes, double* part) {
+  const uint64_t c = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  if (c >= chunks) return;
+  const double* l = lanes + c * 8;
+  part[c] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+// Per-chunk partials of order-free reductions: one block per chunk.
+template <class T, class F, class Combine>
+__global__ void k_chunk_reduce(uint64_t len, F f, Stage st, T init, Combine combine, T* part,
+                               int* all_nan) {
+  __shared__ T vals[THREADS];
+  __shared__ int nans[THREADS];
+  const uint64_t lo = blockIdx.x * SUM_CHUNK;
+  const uint64_t hi = lo + SUM_CHUNK < len ? lo + SUM_CHUNK : len;
+  T acc = init;
+  int nan_only = 1;
+  for (uint64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+    const T v = (T)f(i, st);
+    acc = combine(acc, v);
+    nan_only &= (v != v);
+  }
+  vals[threadIdx.x] = acc;
+  nans[threadIdx.x] = nan_only;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) {
+      vals[threadIdx.x] = combine(vals[threadIdx.x], vals[threadIdx.x + s]);
+      nans[threadIdx.x] &= nans[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    part[blockIdx.x] = vals[0];
+    if (all_nan) all_nan[blockIdx.x] = nans[0];
+  }
+}
+
+template <class T, class F>
+__global__ void k_store(T* out, uint64_t len, F f, Stage st) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    out[i] = f(i, st);
+}
+
+template <class F>
+__global__ void k_write_out(float* out, uint64_t len, int accumulate, F f, Stage st) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    out[i] = accumulate ? out[i] + f(i, st) : f(i, st);
+}
+
+// 1-bit packing with a warp ballot: 32 threads, 32 elements, one 32-bit word.
+template <class F>
+__global__ void k_pack1(uint8_t* dst, uint64_t len, F f, Stage st) {
+  const uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
+  const bool bit = i < len ? ((uint64_t)f(i, st) & 1u) != 0 : false;
+  const unsigned word = __ballot_sync(0xFFFFFFFFu, bit);
+  const uint64_t base = i - (threadIdx.x & 31);
+  if ((threadIdx.x & 31) == 0 && base < len) {
+    const uint64_t bytes = (len - base) >= 32 ? 4 : ((len - base) + 7) / 8;
+    for (uint64_t b = 0; b < bytes; ++b) dst[base / 8 + b] = (uint8_t)(word >> (8 * b));
+  }
+}
+
+// 2/4/8-bit packing: one output byte per thread.
+template <int BITS, class F>
+__global__ void k_pack(uint8_t* dst, uint64_t len, F f, Stage st) {
+  constexpr uint32_t per = 8 / BITS, mask = (1u << BITS) - 1u;
+  const uint64_t bytes = (len * BITS + 7) / 8;
+  for (uint64_t b = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; b < bytes;
+       b += (uint64_t)gridDim.x * blockDim.x) {
+    uint32_t byte = 0;
+    for (uint32_t k = 0; k < per; ++k) {
+      const uint64_t i = b * per + k;
+      if (i < len) byte |= ((uint32_t)((uint64_t)f(i, st) & mask)) << (k * BITS);
+    }
+    dst[b] = (uint8_t)byte;
+  }
+}
+
+template <class T, class F>
+__global__ void k_materialize(T* out, uint64_t len, F f) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    out[i] = f(i);
+}
+
+// ---- stream compaction: count per tile, exclusive prefix on the host, ordered write ----
+constexpr int TILE = THREADS * 4;
+
+template <class P>
+__global__ void k_count(uint64_t len, P pred, uint32_t* counts) {
+  const uint64_t lo = (uint64_t)blockIdx.x * TILE;
+  int c = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t i = lo + (uint64_t)threadIdx.x * 4 + k;
+    c += (i < len && pred(i)) ? 1 : 0;
+  }
+  __shared__ int sums[THREADS];
+  sums[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = THREADS / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) sums[threadIdx.x] += sums[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) counts[blockIdx.x] = (uint32_t)sums[0];
+}
+
+template <class T, class V, class P>
+__global__ void k_compact(uint64_t len, V val, P pred, const uint64_t* start, uint32_t* idx,
+                          T* out) {
+  __shared__ int scan[THREADS];
+  const uint64_t lo = (uint64_t)blockIdx.x * TILE;
+  bool keep[4];
+  int c = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t i = lo + (uint64_t)threadIdx.x * 4 + k;
+    keep[k] = i < len && pred(i);
+    c += keep[k];
+  }
+  scan[threadIdx.x] = c;
+  __syncthreads();
+  for (int s = 1; s < THREADS; s <<= 1) {  // inclusive Hillis-Steele scan of thread counts
+    const int add = (int)threadIdx.x >= s ? scan[threadIdx.x - s] : 0;
+    __syncthreads();
+    scan[threadIdx.x] += add;
+    __syncthreads();
+  }
+  uint64_t pos = start[blockIdx.x] + (uint64_t)(scan[threadIdx.x] - c);
+  for (int k = 0; k < 4; ++k) {
+    const uint64_t i = lo + (uint64_t)threadIdx.x * 4 + k;
+    if (keep[k]) {
+      if (idx) idx[pos] = (uint32_t)i;
+      out[pos] = val(i);
+      ++pos;
+    }
+  }
+}
+
+// ---- fused passes: on the GPU each op of a pass is its own kernel ------------------------
+template <class... Ops>
+void fused(uint64_t len, Unpacks u, Ops&&... ops) {
+  const Stage st = stage_of(u);
+  (ops.run(len, st), ...);
+}
+
+template <class F>
+struct SumF32 {
+  F f;
+  float* out;
+  void run(uint64_t len, const Stage& st) {
+    const uint64_t chunks = (len + SUM_CHUNK - 1) / SUM_CHUNK;
+    double total = 0.0;
+    if (chunks) {
+      buffer<double> lanes(chunks * 8), part(chunks);
+      k_sum_lanes<<<blocks_for(chunks * 8), THREADS>>>(len, f, st, lanes.data());
+      k_combine_lanes<<<blocks_for(chunks), THREADS>>>(chunks, lanes.data(), part.data());
+      check(cudaGetLastError(), "sum kernel");
+      for (double p : to_host(part.data(), chunks)) total += p;
+    }
+    const float r = (float)total;
+    *out = hp_isnan(r) ? HP_NAN : r;
+  }
+};
+template <class F>
+SumF32<F> sum_f32(F f, float* out) { return {f, out}; }
+
+struct AddI64 {
+  __device__ int64_t operator()(int64_t a, int64_t b) const { return a + b; }
+};
+template <bool IS_MAX>
+struct ExtremeOp {
+  __device__ float operator()(float a, float b) const { return IS_MAX ? hp_fmax(a, b) : hp_fmin(a, b); }
+};
+template <bool IS_MAX, class T>
+struct ExtremeIntOp {
+  __device__ T operator()(T a, T b) const { return IS_MAX ? (b > a ? b : a) : (b < a ? b : a); }
+};
+
+template <class T, class F>
+struct SumInt {
+  F f;
+  T* out;
+  void run(uint64_t len, const Stage& st) {
+    const uint64_t chunks = (len + SUM_CHUNK - 1) / SUM_CHUNK;
+    uint64_t total = 0;
+    if (chunks) {
+      buffer<int64_t> part(chunks);
+      auto wide = [f = f] __device__(uint64_t i, const Stage& s) { return (int64_t)f(i, s); };
+      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, wide, st, (int64_t)0, AddI64{},
+                                                   part.data(), (int*)nullptr);
+      check(cudaGetLastError(), "sum kernel");
+      for (int64_t p : to_host(part.data(), chunks)) total += (uint64_t)p;
+    }
+    *out = (T)(uint32_t)total;
+  }
+};
+template <class T, class F>
+SumInt<T, F> sum_int(F f, T* out) { return {f, out}; }
+
+template <bool IS_MAX, class F>
+struct ExtremeF32 {
+  F f;
+  float* out;
+  void run(uint64_t len, const Stage& st) {
+    const uint64_t chunks = (len + SUM_CHUNK - 1) / SUM_CHUNK;
+    float best = IS_MAX ? -HP_INF : HP_INF;
+    bool nan_only = chunks > 0;
+    if (chunks) {
+      buffer<float> part(chunks);
+      buffer<int> nans(chunks);
+      auto as_f = [f = f] __device__(uint64_t i, const Stage& s) { return (float)f(i, s); };
+      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, as_f, st, IS_MAX ? -HP_INF : HP_INF,
+                                                   ExtremeOp<IS_MAX>{}, part.data(), nans.data());
+      check(cudaGetLastError(), "max/min kernel");
+      const std::vector<float> p = to_host(part.data(), chunks);
+      const std::vector<int> a = to_host(nans.data(), chunks);
+      for (uint64_t c = 0; c < chunks; ++c) {
+        best = IS_MAX ? hp_fmax(best, p[c]) : hp_fmin(best, p[c]);
+        nan_only = nan_only && a[c];
+      }
+    }
+    *out = nan_only ? HP_NAN : (best == 0.0f ? 0.0f : best);
+  }
+};
+template <bool IS_MAX, class F>
+ExtremeF32<IS_MAX, F> extreme_f32(F f, float* out) { return {f, out}; }
+
+template <bool IS_MAX, class T, class F>
+struct ExtremeInt {
+  F f;
+  T* out;
+  void run(uint64_t len, const Stage& st) {
+    const T init = IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
+    const uint64_t chunks = (len + SUM_CHUNK - 1) / SUM_CHUNK;
+    T best = init;
+    if (chunks) {
+      buffer<T> part(chunks);
+      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, f, st, init, ExtremeIntOp<IS_MAX, T>{},
+                                                   part.data(), (int*)nullptr);
+      check(cudaGetLastError(), "max/min kernel");
+      for (T p : to_host(part.data(), chunks)) best = IS_MAX ? (p > best ? p : best) : (p < best ? p : best);
+    }
+    *out = best;
+  }
+};
+template <bool IS_MAX, class T, class F>
+ExtremeInt<IS_MAX, T, F> extreme_int(F f, T* out) { return {f, out}; }
+
+template <int BITS, class F>
+struct Pack {
+  uint8_t* dst;
+  F f;
+  void run(uint64_t len, const Stage& st) {
+    if (!len) return;
+    if (BITS == 1) {
+      k_pack1<<<(unsigned)((len + THREADS - 1) / THREADS), THREADS>>>(dst, len, f, st);
+    } else {
+      k_pack<BITS><<<blocks_for((len * BITS + 7) / 8), THREADS>>>(dst, len, f, st);
+    }
+    check(cudaGetLastError(), "pack kernel");
+  }
+};
+template <int BITS, class F>
+Pack<BITS, F> pack(uint8_t* dst, F f) { return {dst, f}; }
+
+template <class T, class F>
+struct Store {
+  uint8_t* dst;
+  F f;
+  void run(uint64_t len, const Stage& st) {
+    if (!len) return;
+    k_store<<<blocks_for(len), THREADS>>>(reinterpret_cast<T*>(dst), len, f, st);
+    check(cudaGetLastError(), "store kernel");
+  }
+};
+template <class T, class F>
+Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
+
+template <class F>
+struct WriteOut {
+  float* out;
+  int accumulate;
+  F f;
+  void run(uint64_t len, const Stage& st) {
+    if (!len) return;
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, f, st);
+    check(cudaGetLastError(), "decode kernel");
+  }
+};
+template <class F>
+WriteOut<F> write_out(float* out, int accumulate, F f) { return {out, accumulate, f}; }
+
+template <int BITS, class F>
+void pack_all(uint8_t* dst, uint64_t len, F f) {
+  fused(len, Unpacks{{}, {}, 0}, pack<BITS>(dst, f));
+}
+
+// ---- barrier operators ------------------------------------------------------------------
+template <class T, class F>
+buffer<T> materialize(uint64_t len, F f) {
+  buffer<T> out(len);
+  if (len) k_materialize<<<blocks_for(len), THREADS>>>(out.data(), len, f);
+  check(cudaGetLastError(), "materialize kernel");
+  return out;
+}
+
+template <class T, class V, class P>
+void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) {
+  const uint64_t tiles = (len + TILE - 1) / TILE;
+  if (!tiles) {
+    if (idx) idx->resize(0);
+    out->resize(0);
+    return;
+  }
+  buffer<uint32_t> counts(tiles);
+  k_count<<<(unsigned)tiles, THREADS>>>(len, pred, counts.data());
+  check(cudaGetLastError(), "filter count");
+  std::vector<uint32_t> c = to_host(counts.data(), tiles);
+  std::vector<uint64_t> start(tiles + 1, 0);
+  for (uint64_t t = 0; t < tiles; ++t) start[t + 1] = start[t] + c[t];
+  buffer<uint64_t> dstart(tiles);
+  to_device(dstart.data(), std::vector<uint64_t>(start.begin(), start.end() - 1));
+  if (idx) idx->resize(start[tiles]);
+  out->resize(start[tiles]);
+  k_compact<<<(unsigned)tiles, THREADS>>>(len, val, pred, dstart.data(),
+                                          idx ? idx->data() : nullptr, out->data());
+  check(cudaGetLastError(), "filter write");
+}
+
+struct Ranked {
+  const double* key;
+  bool descending;
+  bool operator()(uint32_t a, uint32_t b) const {
+    const double ka = key[a], kb = key[b];
+    if (ka != ka) return false;
+    if (kb != kb) return true;
+    return descending ? ka > kb : ka < kb;
+  }
+};
+
+// Gather the chosen indices' values on the device.
+template <class T, class V>
+void take(const std::vector<uint32_t>& chosen, V val, buffer<uint32_t>* idx, buffer<T>* out) {
+  buffer<uint32_t> dchosen(chosen.size());
+  to_device(dchosen.data(), chosen);
+  const uint32_t* c = dchosen.data();
+  *out = materialize<T>(chosen.size(), [=] __device__(uint64_t j) { return val(c[j]); });
+  if (idx) *idx = std::move(dchosen);
+}
+
+// Sorting runs on the host (keys are copied back); it is not on any shipped path.
+template <class T, class V, class K>
+void sort(uint64_t len, V val, K key, bool descending, buffer<uint32_t>* idx, buffer<T>* out) {
+  buffer<double> dk = materialize<double>(len, [=] __device__(uint64_t i) { return (double)key(i); });
+  const std::vector<double> k = to_host(dk.data(), len);
+  std::vector<uint32_t> order((size_t)len);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), Ranked{k.data(), descending});
+  take<T>(order, val, idx, out);
+}
+
+// Exact top-k: a strided sample on the host bounds the threshold, the device compacts the
+// candidates, and the host selects among them (all elements when too few pass).
+template <class T, class V, class K>
+void topk(uint64_t len, int64_t kk, V val, K key, buffer<uint32_t>* idx, buffer<T>* out) {
+  const uint64_t k = kk <= 0 ? 0 : std::min<uint64_t>((uint64_t)kk, len);
+  std::vector<uint32_t> cand;
+  std::vector<double> ck;
+  if (k > 0 && len > 65536 && k * 8 < len) {
+    const uint64_t samples = std::min<uint64_t>(len, 16384), stride = len / samples;
+    buffer<double> ds = materialize<double>(samples, [=] __device__(uint64_t j) {
+      return (double)key(j * stride);
+    });
+    std::vector<double> s = to_host(ds.data(), samples);
+    const uint64_t r = std::min<uint64_t>(samples - 1, (2 * k * samples) / len + 16);
+    std::nth_element(s.begin(), s.begin() + (int64_t)r, s.end(), [](double a, double b) {
+      if (a != a) return false;
+      if (b != b) return true;
+      return a > b;
+    });
+    const double thr = s[(size_t)r];
+    if (thr == thr) {
+      buffer<uint32_t> pidx;
+      buffer<double> pkey;
+      filter<double>(
+          len, [=] __device__(uint64_t i) { return (double)key(i); },
+          [=] __device__(uint64_t i) { return (double)key(i) >= thr; }, &pidx, &pkey);
+      if (pkey.size() >= k) {
+        cand = to_host(pidx.data(), pidx.size());
+        ck = to_host(pkey.data(), pkey.size());
+      }
+    }
+  }
+  if (cand.empty()) {
+    buffer<double> dk = materialize<double>(len, [=] __device__(uint64_t i) { return (double)key(i); });
+    ck = to_host(dk.data(), len);
+    cand.resize((size_t)len);
+    std::iota(cand.begin(), cand.end(), 0u);
+  }
+  std::vector<uint32_t> pos(cand.size());
+  std::iota(pos.begin(), pos.end(), 0u);
+  auto better = [&](uint32_t a, uint32_t b) {
+    const double ka = ck[a], kb = ck[b];
+    if (ka != ka) return (kb != kb) && cand[a] < cand[b];
+    if (kb != kb) return true;
+    if (ka != kb) return ka > kb;
+    return cand[a] < cand[b];
+  };
+  if (k < pos.size()) std::nth_element(pos.begin(), pos.begin() + (int64_t)k, pos.end(), better);
+  pos.resize((size_t)k);
+  std::vector<uint32_t> chosen((size_t)k);
+  for (uint64_t j = 0; j < k; ++j) chosen[j] = cand[pos[j]];
+  std::sort(chosen.begin(), chosen.end());
+  take<T>(chosen, val, idx, out);
+}
+
+inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
+                unsigned long long b = 0) {
+  std::snprintf(err, errcap, fmt, a, b);
+  return 1;
+}
+
+template <class I>
+bool check_indices(uint64_t len, uint64_t size, I index, char* err, uint64_t errcap) {
+  buffer<int64_t> d = materialize<int64_t>(len, index);
+  for (int64_t ix : to_host(d.data(), len)) {
+    if (ix < 0 || (uint64_t)ix >= size) {
+      std::snprintf(err, errcap, "payload index %lld is outside the tensor of %llu elements",
+                    (long long)ix, (unsigned long long)size);
+      return false;
+    }
+  }
+  return true;
+}
+
+// Scatter with the interpreter's order: values for one index add up on the host in
+// order of j, then each distinct index is written once.
+template <class T, class I, class V>
+void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
+  buffer<int64_t> di = materialize<int64_t>(len, index);
+  buffer<T> dv = materialize<T>(len, [=] __device__(uint64_t j) { return (T)value(j); });
+  const std::vector<int64_t> ix = to_host(di.data(), len);
+  const std::vector<T> v = to_host(dv.data(), len);
+  std::vector<uint32_t> order((size_t)len);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return ix[a] < ix[b]; });
+  std::vector<uint32_t> where;
+  std::vector<T> sums;
+  for (size_t p = 0; p < order.size();) {
+    const int64_t at = ix[order[p]];
+    T s = T(0);
+    for (; p < order.size() && ix[order[p]] == at; ++p) s = s + v[order[p]];
+    if (at >= 0 && (uint64_t)at < size) {
+      where.push_back((uint32_t)at);
+      sums.push_back(s);
+    }
+  }
+  buffer<uint32_t> dw(where.size());
+  buffer<T> ds(sums.size());
+  to_device(dw.data(), where);
+  to_device(ds.data(), sums);
+  const uint32_t* w = dw.data();
+  const T* s = ds.data();
+  buffer<int> unused = materialize<int>(where.size(), [=] __device__(uint64_t j) {
+    out[w[j]] = out[w[j]] + s[j];
+    return 0;
+  });
+}
+
+template <class I, class V>
+void scatter_out(float* out, uint64_t n, int accumulate, uint64_t len, I index, V value) {
+  if (!accumulate) {
+    check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
+    scatter_add(out, n, len, index, value);
+    return;
+  }
+  buffer<float> tmp(n);
+  scatter_add(tmp.data(), n, len, index, value);
+  const float* t = tmp.data();
+  fused(n, Unpacks{{}, {}, 0}, write_out(out, 1, [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
+}
+
+// ---- payload bytes: device memory, written and read from the host ------------------------
+constexpr uint64_t HEADER = 24;
+
+inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) {
+  if (n) check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "copy to device");
+}
+inline void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
+  if (n) check(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice), "copy on device");
+}
+inline void zero_bytes(uint8_t* dst, uint64_t n) {
+  if (n) check(cudaMemset(dst, 0, n), "cudaMemset");
+}
+template <class T>
+inline T get(const uint8_t* p) {
+  T v;
+  check(cudaMemcpy(&v, p, sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
+  return v;
+}
+template <class T>
+__device__ inline T load(const uint8_t* p, uint64_t i) {
+  return reinterpret_cast<const T*>(p)[i];  // sections are 8-byte aligned
+}
+
+inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n, uint32_t seed,
+                         uint32_t step, const uint64_t* sizes) {
+  std::vector<uint8_t> h(HEADER + 8ull * nsec);
+  h[0] = 'H';
+  h[1] = 'P';
+  h[2] = 1;
+  h[3] = (uint8_t)nsec;
+  std::memcpy(h.data() + 4, &algo, 4);
+  std::memcpy(h.data() + 8, &n, 8);
+  std::memcpy(h.data() + 16, &seed, 4);
+  std::memcpy(h.data() + 20, &step, 4);
+  std::memcpy(h.data() + HEADER, sizes, 8 * nsec);
+  put_bytes(out, h.data(), h.size());
+}
+
+inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
+                        uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
+                        char* err, uint64_t errcap) {
+  if (size < HEADER) {
+    std::snprintf(err, errcap, "payload of %llu bytes is shorter than the 24-byte header",
+                  (unsigned long long)size);
+    return false;
+  }
+  std::vector<uint8_t> h = to_host(p, std::min<uint64_t>(size, HEADER + 8ull * nsec));
+  if (h[0] != 'H' || h[1] != 'P') {
+    std::snprintf(err, errcap, "not a HiPress payload (bad magic)");
+    return false;
+  }
+  if (h[2] != 1) {
+    std::snprintf(err, errcap, "payload format version %u is not supported", (unsigned)h[2]);
+    return false;
+  }
+  uint32_t got_algo;
+  uint64_t got_n;
+  std::memcpy(&got_algo, h.data() + 4, 4);
+  std::memcpy(&got_n, h.data() + 8, 8);
+  std::memcpy(seed, h.data() + 16, 4);
+  std::memcpy(step, h.data() + 20, 4);
+  if (got_algo != algo) {
+    std::snprintf(err, errcap, "payload was written by another algorithm or parameter set");
+    return false;
+  }
+  if (got_n != n) {
+    std::snprintf(err, errcap, "payload holds %llu elements but %llu were requested",
+                  (unsigned long long)got_n, (unsigned long long)n);
+    return false;
+  }
+  if (h[3] != nsec || size < HEADER + 8ull * nsec) {
+    std::snprintf(err, errcap, "payload has %u sections or is shorter than its header",
+                  (unsigned)h[3]);
+    return false;
+  }
+  std::memcpy(sizes, h.data() + HEADER, 8 * nsec);
+  return true;
+}
+
+inline bool check_total(uint64_t size, uint32_t nsec, const uint64_t* sizes, char* err,
+                        uint64_t errcap) {
+  uint64_t total = HEADER + 8ull * nsec;
+  for (uint32_t k = 0; k < nsec; ++k) {
+    if (sizes[k] > size) {
+      std::snprintf(err, errcap, "payload is %llu bytes but a section claims %llu",
+                    (unsigned long long)size, (unsigned long long)sizes[k]);
+      return false;
+    }
+    total += hp_pad8(sizes[k]);
+  }
+  if (total != size) {
+    std::snprintf(err, errcap, "payload is %llu bytes but its header describes %llu",
+                  (unsigned long long)size, (unsigned long long)total);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace hp
