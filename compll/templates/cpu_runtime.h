@@ -364,32 +364,39 @@ void pack_all(uint8_t* dst, uint64_t len, F f) {
   fused(len, Unpacks{{}, {}, 0}, pack<BITS>(dst, f));
 }
 
-// Stream compaction in index order: count per block, prefix, write.
+// Stream compaction in index order, one pass over the input: each block compacts into
+// its own small buffers while its elements are in cache, then blocks are copied to
+// their offsets (for sparse results the copy is tiny).
 template <class T, class V, class P>
 void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector<T>* out) {
   const int64_t blocks = (int64_t)((len + GRAIN - 1) / GRAIN);
-  std::vector<uint64_t> start((size_t)blocks + 1, 0);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
-    uint64_t c = 0;
-    for (uint64_t i = lo; i < hi; ++i) c += pred(i) ? 1 : 0;
-    start[(size_t)b + 1] = c;
+  std::vector<std::vector<uint32_t>> bidx((size_t)blocks);
+#pragma omp parallel
+  {
+    std::vector<uint32_t> scratch((size_t)GRAIN);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
+      uint32_t* sc = scratch.data();
+      uint64_t cnt = 0;
+      for (uint64_t i = lo; i < hi; ++i) {  // branch-free: always write, advance if kept
+        sc[cnt] = (uint32_t)i;
+        cnt += pred(i) ? 1 : 0;
+      }
+      bidx[(size_t)b].assign(sc, sc + cnt);
+    }
   }
-  for (int64_t b = 0; b < blocks; ++b) start[(size_t)b + 1] += start[(size_t)b];
+  std::vector<uint64_t> start((size_t)blocks + 1, 0);
+  for (int64_t b = 0; b < blocks; ++b) start[(size_t)b + 1] = start[(size_t)b] + bidx[(size_t)b].size();
   if (idx) idx->resize((size_t)start[(size_t)blocks]);
   out->resize((size_t)start[(size_t)blocks]);
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
-    uint64_t pos = start[(size_t)b];
-    for (uint64_t i = lo; i < hi; ++i) {
-      if (pred(i)) {
-        if (idx) (*idx)[pos] = (uint32_t)i;
-        (*out)[pos] = val(i);
-        ++pos;
-      }
-    }
+    const std::vector<uint32_t>& bi = bidx[(size_t)b];
+    const size_t at = (size_t)start[(size_t)b];
+    if (idx && !bi.empty()) std::memcpy(idx->data() + at, bi.data(), bi.size() * sizeof(uint32_t));
+    T* o = out->data() + at;
+    for (size_t j = 0; j < bi.size(); ++j) o[j] = val(bi[j]);
   }
 }
 
