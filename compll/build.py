@@ -101,8 +101,8 @@ def _host_signature() -> str:
 
 
 def _runtime_text(target: str) -> str:
-    names = ["common.h", "cpu_runtime.h"] if target == "cpu" else ["common.h",
-                                                                     "cuda_runtime.cuh"]
+    runtime = "cpu_runtime.h" if target == "cpu" else "cuda_runtime.cuh"
+    names = ["common.h", "host.h", runtime]
     return "".join((_TEMPLATES / n).read_text() for n in names)
 
 

@@ -19,6 +19,7 @@
 #define HP_BITCOPY(dst, src, n) std::memcpy((dst), (src), (n))
 #define HP_FN static inline
 #include "common.h"
+#include "host.h"
 
 static_assert(sizeof(float) == 4 && sizeof(double) == 8, "IEEE floats expected");
 
@@ -400,18 +401,6 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
   }
 }
 
-// The ranking of sort and topk: keys widen to double; NaN ranks last.
-struct Ranked {
-  const double* key;
-  bool descending;
-  bool operator()(uint32_t a, uint32_t b) const {
-    const double ka = key[a], kb = key[b];
-    if (ka != ka) return false;
-    if (kb != kb) return true;
-    return descending ? ka > kb : ka < kb;
-  }
-};
-
 template <class K>
 std::vector<double> keys_of(uint64_t len, K key) {
   std::vector<double> k((size_t)len);
@@ -441,18 +430,10 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
   const uint64_t k = kk <= 0 ? 0 : std::min<uint64_t>((uint64_t)kk, len);
   std::vector<uint32_t> cand;
   if (k > 0 && len > 65536 && k * 8 < len) {
-    const uint64_t samples = std::min<uint64_t>(len, 16384);
-    const uint64_t stride = len / samples;
+    const uint64_t samples = std::min<uint64_t>(len, 16384), stride = len / samples;
     std::vector<double> s((size_t)samples);
     for (uint64_t j = 0; j < samples; ++j) s[j] = (double)key(j * stride);
-    // rank of the threshold in the sample: twice the expected share of top-k, plus slack
-    uint64_t r = std::min<uint64_t>(samples - 1, (2 * k * samples) / len + 16);
-    std::nth_element(s.begin(), s.begin() + (int64_t)r, s.end(), [](double a, double b) {
-      if (a != a) return false;
-      if (b != b) return true;
-      return a > b;
-    });
-    const double thr = s[(size_t)r];
+    const double thr = topk_threshold(s, k, len);
     if (thr == thr) {
       std::vector<uint32_t> picked;
       filter<uint32_t>(
@@ -468,37 +449,17 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
   std::vector<double> ck(cand.size());
 #pragma omp parallel for schedule(static)
   for (int64_t j = 0; j < (int64_t)cand.size(); ++j) ck[(size_t)j] = (double)key(cand[(size_t)j]);
-  std::vector<uint32_t> pos(cand.size());
-  std::iota(pos.begin(), pos.end(), 0u);
-  auto better = [&](uint32_t a, uint32_t b) {
-    const double ka = ck[a], kb = ck[b];
-    if (ka != ka) return (kb != kb) && cand[a] < cand[b];
-    if (kb != kb) return true;
-    if (ka != kb) return ka > kb;
-    return cand[a] < cand[b];
-  };
-  if (k < pos.size()) std::nth_element(pos.begin(), pos.begin() + (int64_t)k, pos.end(), better);
-  pos.resize((size_t)k);
-  std::vector<uint32_t> chosen((size_t)k);
-  for (uint64_t j = 0; j < k; ++j) chosen[j] = cand[pos[j]];
-  std::sort(chosen.begin(), chosen.end());
-  out->resize((size_t)k);
-  for (uint64_t j = 0; j < k; ++j) (*out)[j] = val(chosen[j]);
+  std::vector<uint32_t> chosen = select_top(cand, ck, k);
+  out->resize(chosen.size());
+  for (size_t j = 0; j < chosen.size(); ++j) (*out)[j] = val(chosen[j]);
   if (idx) *idx = std::move(chosen);
 }
 
-// Unaligned little-endian load of one value from a payload section.
 template <class T>
 inline T load(const uint8_t* p, uint64_t i) {
   T v;
   std::memcpy(&v, p + i * sizeof(T), sizeof(T));
   return v;
-}
-
-inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
-                unsigned long long b = 0) {
-  std::snprintf(err, errcap, fmt, a, b);
-  return 1;
 }
 
 // Check every index of a scatter before anything is written, so a bad payload
@@ -507,11 +468,7 @@ template <class I>
 bool check_indices(uint64_t len, uint64_t size, I index, char* err, uint64_t errcap) {
   for (uint64_t j = 0; j < len; ++j) {
     const int64_t ix = (int64_t)index(j);
-    if (ix < 0 || (uint64_t)ix >= size) {
-      std::snprintf(err, errcap, "payload index %lld is outside the tensor of %llu elements",
-                    (long long)ix, (unsigned long long)size);
-      return false;
-    }
+    if (ix < 0 || (uint64_t)ix >= size) return index_error(err, errcap, ix, size);
   }
   return true;
 }
@@ -550,90 +507,16 @@ inline T get(const uint8_t* p) {
   return v;
 }
 
-// ---- payload header (compll/payload.py) -----------------------------------------------
-constexpr uint64_t HEADER = 24;
-
+// ---- payload header (host.h holds the format) -----------------------------------------
 inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n, uint32_t seed,
                          uint32_t step, const uint64_t* sizes) {
-  out[0] = 'H';
-  out[1] = 'P';
-  out[2] = 1;
-  out[3] = (uint8_t)nsec;
-  std::memcpy(out + 4, &algo, 4);
-  std::memcpy(out + 8, &n, 8);
-  std::memcpy(out + 16, &seed, 4);
-  std::memcpy(out + 20, &step, 4);
-  std::memcpy(out + HEADER, sizes, 8 * nsec);
+  fill_header(out, nsec, algo, n, seed, step, sizes);
 }
 
-// Validate the fixed header fields; fills sizes, seed, step. Returns false with a
-// message in err on any mismatch, before any section is read.
 inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
                         uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
                         char* err, uint64_t errcap) {
-  if (size < HEADER) {
-    std::snprintf(err, errcap, "payload of %llu bytes is shorter than the 24-byte header",
-                  (unsigned long long)size);
-    return false;
-  }
-  if (p[0] != 'H' || p[1] != 'P') {
-    std::snprintf(err, errcap, "not a HiPress payload (bad magic)");
-    return false;
-  }
-  if (p[2] != 1) {
-    std::snprintf(err, errcap,
-                  "payload format version %u is not supported (this HiPress reads version 1)",
-                  (unsigned)p[2]);
-    return false;
-  }
-  uint32_t got_algo;
-  uint64_t got_n;
-  std::memcpy(&got_algo, p + 4, 4);
-  std::memcpy(&got_n, p + 8, 8);
-  std::memcpy(seed, p + 16, 4);
-  std::memcpy(step, p + 20, 4);
-  if (got_algo != algo) {
-    std::snprintf(err, errcap, "payload was written by another algorithm or parameter set");
-    return false;
-  }
-  if (got_n != n) {
-    std::snprintf(err, errcap, "payload holds %llu elements but %llu were requested",
-                  (unsigned long long)got_n, (unsigned long long)n);
-    return false;
-  }
-  if (p[3] != nsec) {
-    std::snprintf(err, errcap, "payload has %u sections; this algorithm writes %u",
-                  (unsigned)p[3], (unsigned)nsec);
-    return false;
-  }
-  if (size < HEADER + 8ull * nsec) {
-    std::snprintf(err, errcap, "payload of %llu bytes is shorter than its header",
-                  (unsigned long long)size);
-    return false;
-  }
-  std::memcpy(sizes, p + HEADER, 8 * nsec);
-  return true;
-}
-
-// Sizes come from the payload: check each against the buffer before adding, so a
-// forged size cannot overflow the total.
-inline bool check_total(uint64_t size, uint32_t nsec, const uint64_t* sizes, char* err,
-                        uint64_t errcap) {
-  uint64_t total = HEADER + 8ull * nsec;
-  for (uint32_t k = 0; k < nsec; ++k) {
-    if (sizes[k] > size) {
-      std::snprintf(err, errcap, "payload is %llu bytes but a section claims %llu",
-                    (unsigned long long)size, (unsigned long long)sizes[k]);
-      return false;
-    }
-    total += hp_pad8(sizes[k]);
-  }
-  if (total != size) {
-    std::snprintf(err, errcap, "payload is %llu bytes but its header describes %llu",
-                  (unsigned long long)size, (unsigned long long)total);
-    return false;
-  }
-  return true;
+  return parse_header(p, size, algo, n, nsec, sizes, seed, step, err, errcap);
 }
 
 }  // namespace hp

@@ -19,6 +19,7 @@
 #define HP_BITCOPY(dst, src, n) memcpy((dst), (src), (n))
 #define HP_FN static __host__ __device__ inline
 #include "common.h"
+#include "host.h"
 
 namespace hp {
 
@@ -453,17 +454,6 @@ void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) 
   check(cudaGetLastError(), "filter write");
 }
 
-struct Ranked {
-  const double* key;
-  bool descending;
-  bool operator()(uint32_t a, uint32_t b) const {
-    const double ka = key[a], kb = key[b];
-    if (ka != ka) return false;
-    if (kb != kb) return true;
-    return descending ? ka > kb : ka < kb;
-  }
-};
-
 // Gather the chosen indices' values on the device.
 template <class T, class V>
 void take(const std::vector<uint32_t>& chosen, V val, buffer<uint32_t>* idx, buffer<T>* out) {
@@ -498,13 +488,7 @@ void topk(uint64_t len, int64_t kk, V val, K key, buffer<uint32_t>* idx, buffer<
       return (double)key(j * stride);
     });
     std::vector<double> s = to_host(ds.data(), samples);
-    const uint64_t r = std::min<uint64_t>(samples - 1, (2 * k * samples) / len + 16);
-    std::nth_element(s.begin(), s.begin() + (int64_t)r, s.end(), [](double a, double b) {
-      if (a != a) return false;
-      if (b != b) return true;
-      return a > b;
-    });
-    const double thr = s[(size_t)r];
+    const double thr = topk_threshold(s, k, len);
     if (thr == thr) {
       buffer<uint32_t> pidx;
       buffer<double> pkey;
@@ -523,38 +507,15 @@ void topk(uint64_t len, int64_t kk, V val, K key, buffer<uint32_t>* idx, buffer<
     cand.resize((size_t)len);
     std::iota(cand.begin(), cand.end(), 0u);
   }
-  std::vector<uint32_t> pos(cand.size());
-  std::iota(pos.begin(), pos.end(), 0u);
-  auto better = [&](uint32_t a, uint32_t b) {
-    const double ka = ck[a], kb = ck[b];
-    if (ka != ka) return (kb != kb) && cand[a] < cand[b];
-    if (kb != kb) return true;
-    if (ka != kb) return ka > kb;
-    return cand[a] < cand[b];
-  };
-  if (k < pos.size()) std::nth_element(pos.begin(), pos.begin() + (int64_t)k, pos.end(), better);
-  pos.resize((size_t)k);
-  std::vector<uint32_t> chosen((size_t)k);
-  for (uint64_t j = 0; j < k; ++j) chosen[j] = cand[pos[j]];
-  std::sort(chosen.begin(), chosen.end());
+  const std::vector<uint32_t> chosen = select_top(cand, ck, k);
   take<T>(chosen, val, idx, out);
-}
-
-inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
-                unsigned long long b = 0) {
-  std::snprintf(err, errcap, fmt, a, b);
-  return 1;
 }
 
 template <class I>
 bool check_indices(uint64_t len, uint64_t size, I index, char* err, uint64_t errcap) {
   buffer<int64_t> d = materialize<int64_t>(len, index);
   for (int64_t ix : to_host(d.data(), len)) {
-    if (ix < 0 || (uint64_t)ix >= size) {
-      std::snprintf(err, errcap, "payload index %lld is outside the tensor of %llu elements",
-                    (long long)ix, (unsigned long long)size);
-      return false;
-    }
+    if (ix < 0 || (uint64_t)ix >= size) return index_error(err, errcap, ix, size);
   }
   return true;
 }
@@ -607,8 +568,6 @@ void scatter_out(float* out, uint64_t n, int accumulate, uint64_t len, I index, 
 }
 
 // ---- payload bytes: device memory, written and read from the host ------------------------
-constexpr uint64_t HEADER = 24;
-
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) {
   if (n) check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "copy to device");
 }
@@ -632,76 +591,16 @@ __device__ inline T load(const uint8_t* p, uint64_t i) {
 inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n, uint32_t seed,
                          uint32_t step, const uint64_t* sizes) {
   std::vector<uint8_t> h(HEADER + 8ull * nsec);
-  h[0] = 'H';
-  h[1] = 'P';
-  h[2] = 1;
-  h[3] = (uint8_t)nsec;
-  std::memcpy(h.data() + 4, &algo, 4);
-  std::memcpy(h.data() + 8, &n, 8);
-  std::memcpy(h.data() + 16, &seed, 4);
-  std::memcpy(h.data() + 20, &step, 4);
-  std::memcpy(h.data() + HEADER, sizes, 8 * nsec);
+  fill_header(h.data(), nsec, algo, n, seed, step, sizes);
   put_bytes(out, h.data(), h.size());
 }
 
+// The header is validated on a host copy of its first bytes.
 inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
                         uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
                         char* err, uint64_t errcap) {
-  if (size < HEADER) {
-    std::snprintf(err, errcap, "payload of %llu bytes is shorter than the 24-byte header",
-                  (unsigned long long)size);
-    return false;
-  }
-  std::vector<uint8_t> h = to_host(p, std::min<uint64_t>(size, HEADER + 8ull * nsec));
-  if (h[0] != 'H' || h[1] != 'P') {
-    std::snprintf(err, errcap, "not a HiPress payload (bad magic)");
-    return false;
-  }
-  if (h[2] != 1) {
-    std::snprintf(err, errcap, "payload format version %u is not supported", (unsigned)h[2]);
-    return false;
-  }
-  uint32_t got_algo;
-  uint64_t got_n;
-  std::memcpy(&got_algo, h.data() + 4, 4);
-  std::memcpy(&got_n, h.data() + 8, 8);
-  std::memcpy(seed, h.data() + 16, 4);
-  std::memcpy(step, h.data() + 20, 4);
-  if (got_algo != algo) {
-    std::snprintf(err, errcap, "payload was written by another algorithm or parameter set");
-    return false;
-  }
-  if (got_n != n) {
-    std::snprintf(err, errcap, "payload holds %llu elements but %llu were requested",
-                  (unsigned long long)got_n, (unsigned long long)n);
-    return false;
-  }
-  if (h[3] != nsec || size < HEADER + 8ull * nsec) {
-    std::snprintf(err, errcap, "payload has %u sections or is shorter than its header",
-                  (unsigned)h[3]);
-    return false;
-  }
-  std::memcpy(sizes, h.data() + HEADER, 8 * nsec);
-  return true;
-}
-
-inline bool check_total(uint64_t size, uint32_t nsec, const uint64_t* sizes, char* err,
-                        uint64_t errcap) {
-  uint64_t total = HEADER + 8ull * nsec;
-  for (uint32_t k = 0; k < nsec; ++k) {
-    if (sizes[k] > size) {
-      std::snprintf(err, errcap, "payload is %llu bytes but a section claims %llu",
-                    (unsigned long long)size, (unsigned long long)sizes[k]);
-      return false;
-    }
-    total += hp_pad8(sizes[k]);
-  }
-  if (total != size) {
-    std::snprintf(err, errcap, "payload is %llu bytes but its header describes %llu",
-                  (unsigned long long)size, (unsigned long long)total);
-    return false;
-  }
-  return true;
+  const std::vector<uint8_t> h = to_host(p, std::min<uint64_t>(size, HEADER + 8ull * nsec));
+  return parse_header(h.data(), size, algo, n, nsec, sizes, seed, step, err, errcap);
 }
 
 }  // namespace hp
