@@ -123,12 +123,13 @@ class ExprRenderer:
         assert e.ty is not None
         if isinstance(e, ir.Const) and e.ty.kind == "scalar":
             return self.literal(e.value, elem)
-        if not isinstance(e, ir.Var) and self.constant(e):
+        if not isinstance(e, ir.Var) and self.invariant(e, locals_ok=False):
             # fold with the interpreter, so the value (a NaN's sign too) is the oracle's
             value = eval_constant(e, dict(self.program.param_values))
             src = promote_one(e.ty.elem) if e.ty.literal else e.ty.elem
             return self.convert(self.literal(value, src), src, elem)
-        if self.index is not None and not isinstance(e, ir.Var) and self.uniform(e):
+        in_loop = self.index is not None
+        if in_loop and not isinstance(e, ir.Var) and self.invariant(e, locals_ok=True):
             # the same for every element: compute it once, outside the loop
             src = promote_one(e.ty.elem) if e.ty.literal else e.ty.elem
             saved, self.index = self.index, None
@@ -141,40 +142,32 @@ class ExprRenderer:
             return self.convert(name, src, elem)
         return self.convert(self.expr(e), e.ty.elem, elem)
 
-    def uniform(self, e: ir.Expr) -> bool:
-        """Whether a scalar expression is the same for every element of a loop."""
-        if e.ty is None or e.ty.kind != "scalar":
-            return False
-        if isinstance(e, ir.Const):
-            return True
-        if isinstance(e, ir.Var):
-            return e.name not in self.lambda_vars and e.name not in self.arrays
-        if isinstance(e, ir.Call):
-            if e.fn == "size":
-                return True
-            return (e.fn in self.types or e.fn in ELEMENTWISE) and \
-                all(self.uniform(a) for a in e.args)
-        return all(self.uniform(c) for c in operands(e))
-
     def take_hoisted(self) -> list[str]:
         lines, self.hoisted = self.hoisted, []
         return lines
 
-    def constant(self, e: ir.Expr) -> bool:
-        """Whether a scalar expression uses only literals and parameters."""
+    def invariant(self, e: ir.Expr, locals_ok: bool) -> bool:
+        """Whether a scalar expression is the same for every element of a loop.
+
+        With ``locals_ok`` false it must also use only literals and parameters (so the
+        interpreter can fold it); otherwise scalar locals and ``size`` count as well.
+        """
         if e.ty is None or e.ty.kind != "scalar":
             return False
         if isinstance(e, ir.Const):
             return True
         if isinstance(e, ir.Var):
-            return e.name in dict(self.program.param_values) and e.name not in self.scalars \
-                and e.name not in self.lambda_vars
+            if e.name in self.lambda_vars or e.name in self.arrays:
+                return False
+            return locals_ok or (e.name in dict(self.program.param_values)
+                                 and e.name not in self.scalars)
         if isinstance(e, ir.Call):
+            if e.fn == "size":
+                return locals_ok
             return (e.fn in self.types or e.fn in ELEMENTWISE) and \
-                all(self.constant(a) for a in e.args)
-        return all(self.constant(c) for c in operands(e))
+                all(self.invariant(a, locals_ok) for a in e.args)
+        return all(self.invariant(c, locals_ok) for c in operands(e))
 
-    # -- expressions --------------------------------------------------------------------------
     def expr(self, e: ir.Expr) -> str:
         """Render a scalar, or element ``self.index`` of an array."""
         method = getattr(self, "expr_" + type(e).__name__.lower())
