@@ -1,3 +1,21 @@
-"""CaSync: compression-aware gradient synchronization (primitives, graphs, executor)."""
+"""CaSync: compression-aware gradient synchronization over ``torch.distributed``.
 
-__all__: list[str] = []
+    from casync import Synchronizer
+    sync = Synchronizer("onebit", "ring")
+    for name, p in model.named_parameters():
+        sync.submit(name, p.grad)
+    sync.synchronize()              # p.grad holds the average over ranks
+"""
+
+from .executor import Executor, Graph, Task
+from .feedback import ErrorFeedback
+from .graphs import BUILDERS, Context
+from .plan import TOPOLOGIES, Plan, Planner, StaticPlanner
+from .synchronizer import Synchronizer, default_timeout
+from .transport import Handle, Transport
+
+__all__ = [
+    "Synchronizer", "default_timeout", "Plan", "Planner", "StaticPlanner", "TOPOLOGIES",
+    "ErrorFeedback", "Executor", "Graph", "Task", "BUILDERS", "Context", "Handle",
+    "Transport",
+]

@@ -32,7 +32,7 @@ from .ir import Program, Section
 from .typing_rules import ITEMSIZE
 
 __all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "algorithm_id", "build", "parse",
-           "header_size", "section_count"]
+           "header_size", "section_count", "framed_size"]
 
 MAGIC = b"HP"
 VERSION = 1
@@ -79,6 +79,31 @@ def build(program: Program, n: int, seed: int, step: int,
         out[offset:offset + sec.nbytes] = np.frombuffer(sec.tobytes(), dtype=np.uint8)
         offset += _pad(sec.nbytes)
     return out
+
+
+def framed_size(buf: np.ndarray) -> int:
+    """The byte length a payload's header declares, read from the front of ``buf``.
+
+    Lets a receiver that posted a worst-case buffer find where the payload ends.
+
+    Raises:
+        PayloadError: if the header is not a HiPress header or declares more bytes than
+            ``buf`` holds.
+    """
+    if buf.size < HEADER_SIZE:
+        raise PayloadError(f"{buf.size} bytes cannot hold a {HEADER_SIZE}-byte header")
+    raw = buf[:HEADER_SIZE].tobytes()
+    magic, version, nsec = raw[:2], raw[2], raw[3]
+    if magic != MAGIC or version != VERSION:
+        raise PayloadError("not a HiPress payload (bad magic or version)")
+    head = header_size(nsec)
+    if buf.size < head:
+        raise PayloadError(f"{buf.size} bytes cannot hold a {head}-byte header")
+    sizes = struct.unpack(f"<{nsec}Q", buf[HEADER_SIZE:head].tobytes())
+    total = head + sum(_pad(s) for s in sizes)
+    if total > buf.size:
+        raise PayloadError(f"the header declares {total} bytes but only {buf.size} arrived")
+    return total
 
 
 def section_count(section: Section, size: int, n: int) -> int:

@@ -103,6 +103,21 @@ class Codec:
         sep = ", " if params else ""
         return f"Codec({self.name!r}, target={self.target!r}, seed={self.seed}{sep}{params})"
 
+    @property
+    def unbiased(self) -> bool:
+        """Whether the algorithm declares its decoded values unbiased estimates."""
+        return bool(self.program.unbiased)
+
+    def max_payload_bytes(self, n: int) -> int:
+        """An upper bound on the payload size for ``n`` elements (exact for fixed layouts).
+
+        Example:
+            >>> buf = np.empty(c.max_payload_bytes(len(x)), np.uint8)  # fits any payload
+        """
+        from compll.loaders import payload_size_hint
+
+        return payload_size_hint(self.program, int(n), int(n))
+
     def encode(self, x: Any, step: int | None = None, out: Any = None) -> Any:
         """Compress a gradient.
 

@@ -1,0 +1,274 @@
+"""The pipelined executor: a compute lane and a communication lane over task DAGs.
+
+Each graph (one tensor or bucket) is a DAG of tasks. Three kinds:
+
+- ``compute`` tasks (encode, decode, merge) run on the compute thread, lowest
+  priority first among those whose inputs are ready;
+- ``post`` tasks (send, allreduce) run inline as soon as their inputs are ready —
+  posting is non-blocking; an allreduce then waits on the comm lane;
+- ``recv`` tasks are posted when the graph is added and waited on the comm thread.
+
+Priorities are ``(graph, partition, stage)``, the same on every rank, and every send a
+receive waits for depends only on tasks of lower priority. The comm thread waits in
+priority order and the compute thread never blocks, so no rank can wait for a message
+that waits for it: the pipeline cannot deadlock. While partition i's messages travel,
+the compute thread is already encoding partition i+1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hipress.errors import HiPressError, SyncError
+
+from .transport import Handle, Transport
+
+__all__ = ["Task", "Graph", "Executor", "describe_failure"]
+
+
+class Task:
+    """One node of a graph; ``run`` returns a Handle for operations that must be waited."""
+
+    __slots__ = ("graph", "name", "lane", "prio", "run", "handle", "pending", "children",
+                 "done")
+
+    def __init__(self, graph: Graph, name: str, lane: str, prio: tuple[int, ...],
+                 run: Callable[[], Any] | None, handle: Handle | None = None) -> None:
+        self.graph = graph
+        self.name = name
+        self.lane = lane
+        self.prio = prio
+        self.run = run
+        self.handle = handle
+        self.pending = 0
+        self.children: list[Task] = []
+        self.done = False
+
+
+class Graph:
+    """The task DAG that synchronizes one tensor or bucket in one step."""
+
+    def __init__(self, label: str, step: int) -> None:
+        self.label = label
+        self.step = step
+        self.seq = -1
+        self.tasks: list[Task] = []
+        self.sends: list[Handle] = []
+        self.remaining = 0
+        self.on_done: Callable[[], None] | None = None
+        self.on_error: Callable[[BaseException], None] | None = None
+
+    def task(self, name: str, lane: str, prio: tuple[int, ...], run: Callable[[], Any] | None,
+             deps: tuple[Task | None, ...] = (), handle: Handle | None = None) -> Task:
+        """Add a task that runs after ``deps`` (``None`` entries are ignored)."""
+        t = Task(self, name, lane, prio, run, handle)
+        for dep in deps:
+            if dep is not None:
+                dep.children.append(t)
+                t.pending += 1
+        self.tasks.append(t)
+        return t
+
+
+def describe_failure(graph: Graph, handle: Handle | None, cause: BaseException,
+                     timeout: float) -> SyncError:
+    """A SyncError naming the tensor, step and peer of a failed wait."""
+    where = f"step {graph.step}, tensor {graph.label!r}"
+    text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    # Gloo's messages start with a source location and end with generic advice.
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". This is typically")[0]
+    if isinstance(cause, HiPressError) and not isinstance(cause, SyncError):
+        return SyncError(f"{where}: {type(cause).__name__}: {cause}")
+    if handle is None:
+        return SyncError(f"{where}: {type(cause).__name__}: {text}")
+    timed_out = "timed out" in text.lower() or "timeout" in text.lower()
+    if handle.kind == "allreduce":
+        peer = "a peer of the allreduce"
+    else:
+        peer = f"rank {handle.peer}"
+    if timed_out:
+        return SyncError(f"{where}: no {handle.kind} progress with {peer} within {timeout:g} s; "
+                         f"it died or stalled (raise HIPRESS_TIMEOUT if it is just slow)")
+    return SyncError(f"{where}: lost {peer} during {handle.kind}: {text}")
+
+
+class Executor:
+    """Runs graphs on one compute thread and one communication thread.
+
+    Args:
+        transport: where sends, receives and allreduces are posted.
+        timeout: seconds a single wait may take before the peer counts as dead.
+        trace: record ``(lane, task, graph, start, end)`` for every task (tests, profiling).
+    """
+
+    def __init__(self, transport: Transport, timeout: float, trace: bool = False) -> None:
+        self.transport = transport
+        self.timeout = float(timeout)
+        self.trace: list[tuple[str, str, str, float, float]] | None = [] if trace else None
+        self.error: SyncError | None = None
+        #: turns a failure into the error every waiter sees (adds the diagnosis)
+        self.explain: Callable[[SyncError], SyncError] | None = None
+        self._cv = threading.Condition()
+        self._compute: list[tuple[tuple[int, ...], int, Task]] = []
+        self._waits: list[tuple[tuple[int, ...], int, Task]] = []
+        self._order = itertools.count()
+        self._graphs = itertools.count()
+        self._live: set[Graph] = set()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._compute_loop, name="casync-compute", daemon=True),
+            threading.Thread(target=self._comm_loop, name="casync-comm", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- submission ---------------------------------------------------------------------
+
+    def add(self, graph: Graph) -> None:
+        """Schedule a graph: its receives are already posted; ready tasks start now."""
+        if self.error is not None:
+            raise self.error
+        graph.seq = next(self._graphs)
+        graph.remaining = len(graph.tasks)
+        ready = []
+        with self._cv:
+            self._live.add(graph)
+            for task in graph.tasks:
+                task.prio = (graph.seq, *task.prio)
+                if task.lane == "recv":
+                    heapq.heappush(self._waits, (task.prio, next(self._order), task))
+                elif task.pending == 0:
+                    ready.append(task)
+            self._cv.notify_all()
+        if not graph.tasks:
+            self._finish(graph)
+        self._dispatch(ready)
+
+    def idle(self) -> bool:
+        with self._cv:
+            return not self._live
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        """Block until every added graph finished; re-raise the first failure."""
+        with self._cv:
+            if not self._cv.wait_for(lambda: not self._live or self.error is not None,
+                                     timeout):
+                raise SyncError(f"graphs still running after {timeout} s")
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    # -- completion ---------------------------------------------------------------------
+
+    def _dispatch(self, ready: list[Task]) -> None:
+        """Start ready tasks: compute goes to its lane, posts run here (non-blocking)."""
+        ready = ready[::-1]  # post in graph order: collectives must match across ranks
+        while ready:
+            task = ready.pop()
+            if task.lane == "compute":
+                with self._cv:
+                    heapq.heappush(self._compute, (task.prio, next(self._order), task))
+                    self._cv.notify_all()
+                continue
+            try:
+                start = time.perf_counter()
+                handle = task.run() if task.run is not None else None
+                self._record("post", task, start)
+            except BaseException as exc:  # noqa: BLE001 - reported through the futures
+                self._fail(describe_failure(task.graph, None, exc, self.timeout))
+                return
+            if isinstance(handle, Handle) and handle.kind != "send":
+                task.handle = handle
+                with self._cv:
+                    heapq.heappush(self._waits, (task.prio, next(self._order), task))
+                    self._cv.notify_all()
+                continue
+            if isinstance(handle, Handle):
+                task.graph.sends.append(handle)
+            ready.extend(self._complete(task)[::-1])
+
+    def _complete(self, task: Task) -> list[Task]:
+        ready = []
+        with self._cv:  # both lanes complete tasks; counts change under the lock
+            task.done = True
+            for child in task.children:
+                child.pending -= 1
+                if child.pending == 0:
+                    ready.append(child)
+            graph = task.graph
+            graph.remaining -= 1
+            finished = graph.remaining == 0
+        if finished:
+            self._finish(graph)
+        return ready
+
+    def _finish(self, graph: Graph) -> None:
+        try:
+            if graph.on_done is not None:
+                graph.on_done()
+        except BaseException as exc:  # noqa: BLE001
+            self._fail(describe_failure(graph, None, exc, self.timeout))
+            return
+        with self._cv:
+            self._live.discard(graph)
+            self._cv.notify_all()
+
+    def _fail(self, error: SyncError) -> None:
+        if self.error is None and self.explain is not None:
+            error = self.explain(error)
+        with self._cv:
+            if self.error is None:
+                self.error = error
+            live = list(self._live)
+            self._live.clear()
+            self._cv.notify_all()
+        for graph in live:
+            if graph.on_error is not None:
+                graph.on_error(self.error)
+
+    def _record(self, lane: str, task: Task, start: float) -> None:
+        if self.trace is not None:
+            self.trace.append((lane, task.name, task.graph.label, start, time.perf_counter()))
+
+    # -- lanes --------------------------------------------------------------------------
+
+    def _next(self, heap: list[tuple[tuple[int, ...], int, Task]]) -> Task | None:
+        with self._cv:
+            self._cv.wait_for(lambda: heap or self._closed or self.error is not None)
+            if self._closed or self.error is not None:
+                return None
+            return heapq.heappop(heap)[2]
+
+    def _compute_loop(self) -> None:
+        while (task := self._next(self._compute)) is not None:
+            try:
+                start = time.perf_counter()
+                assert task.run is not None
+                task.run()
+                self._record("compute", task, start)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(describe_failure(task.graph, None, exc, self.timeout))
+                continue
+            self._dispatch(self._complete(task))
+
+    def _comm_loop(self) -> None:
+        while (task := self._next(self._waits)) is not None:
+            assert task.handle is not None
+            try:
+                start = time.perf_counter()
+                self.transport.wait(task.handle, self.timeout)
+                self._record("comm", task, start)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail(describe_failure(task.graph, task.handle, exc, self.timeout))
+                continue
+            self._dispatch(self._complete(task))

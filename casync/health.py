@@ -1,0 +1,86 @@
+"""Who failed: ranks post their progress and fault reports in the job's key-value store.
+
+When a wait fails, the neighbour a rank was waiting on is often not the culprit (it
+may itself be waiting on the dead rank). Before raising, a rank reads the others'
+reports and progress from the c10d store so its ``SyncError`` names the rank that
+actually died or stalled. Every store access is best effort and bounded in time: the
+store may live on the dead rank.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+__all__ = ["Health"]
+
+_PREFIX = "hipress/health"
+
+
+def _default_store(group: Any) -> Any:
+    try:  # not public API; without it the diagnosis is simply skipped
+        from torch.distributed import distributed_c10d
+
+        if group is None:
+            return distributed_c10d._get_default_store()
+        return distributed_c10d._get_process_group_store(group)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _bounded(fn: Any, seconds: float) -> Any:
+    """Run ``fn`` in a helper thread; None if it fails or takes longer than ``seconds``."""
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except Exception:  # noqa: BLE001
+            pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else None
+
+
+class Health:
+    """Progress and fault reports of one rank, and the diagnosis of a failure."""
+
+    def __init__(self, group: Any, rank: int, size: int, store: Any = None) -> None:
+        self.rank = rank
+        self.size = size
+        self.store = store if store is not None else _default_store(group)
+
+    def progress(self, step: int) -> None:
+        """Record that this rank started ``step``."""
+        if self.store is not None:
+            _bounded(lambda: self.store.set(f"{_PREFIX}/step/{self.rank}", str(step)), 2.0)
+
+    def report(self, message: str) -> None:
+        """Tell the other ranks what this rank saw fail."""
+        if self.store is not None:
+            _bounded(lambda: self.store.set(f"{_PREFIX}/fault/{self.rank}", message), 2.0)
+
+    def diagnose(self, step: int) -> str:
+        """What the other ranks reported, and which ranks never reached ``step``."""
+        if self.store is None:
+            return ""
+
+        def read() -> str:
+            notes, behind = [], []
+            for other in range(self.size):
+                if other == self.rank:
+                    continue
+                if self.store.check([f"{_PREFIX}/fault/{other}"]):
+                    text = self.store.get(f"{_PREFIX}/fault/{other}").decode()
+                    notes.append(f"rank {other} reported: {text}")
+                key = f"{_PREFIX}/step/{other}"
+                seen = int(self.store.get(key)) if self.store.check([key]) else -1
+                if seen < step:
+                    behind.append(f"rank {other} never started step {step}"
+                                  + (f" (last seen in step {seen})" if seen >= 0 else ""))
+            return "; ".join(behind + notes)
+
+        found = _bounded(read, 3.0)
+        return f" [{found}]" if found else ""

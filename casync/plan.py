@@ -1,0 +1,90 @@
+"""Per-tensor plans: whether to compress, with which algorithm, topology and partitions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hipress.errors import ConfigError
+
+__all__ = ["TOPOLOGIES", "Plan", "Planner", "StaticPlanner"]
+
+#: Synchronization strategies the engine can execute. ``none`` is a plain allreduce.
+TOPOLOGIES = ("ps", "ring", "allgather", "none")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine does with one tensor (or one bucket of fused small tensors).
+
+    Attributes:
+        topology: ``ps``, ``ring``, ``allgather`` or ``none`` (uncompressed allreduce).
+        algorithm: the CompLL algorithm; ``None`` exactly when ``topology == "none"``.
+        partitions: K, the number of pieces the tensor is cut into and pipelined.
+        params: algorithm parameter overrides.
+    """
+
+    topology: str
+    algorithm: str | None = None
+    partitions: int = 1
+    params: tuple[tuple[str, Any], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise ConfigError(f"unknown topology {self.topology!r}; "
+                              f"choose one of {', '.join(TOPOLOGIES)}")
+        if (self.algorithm is None) != (self.topology == "none"):
+            raise ConfigError("a plan compresses (algorithm set, topology ps|ring|allgather) "
+                              "or does not (algorithm None, topology 'none')")
+        if self.partitions < 1:
+            raise ConfigError(f"partitions must be at least 1, not {self.partitions}")
+
+    @property
+    def compress(self) -> bool:
+        return self.algorithm is not None
+
+
+class Planner(Protocol):
+    """Anything that maps a tensor to a plan; the same on every rank for the same input."""
+
+    def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
+
+
+class StaticPlanner:
+    """A fixed strategy with a size threshold, like BytePS's min-compress-bytes.
+
+    Buffers below ``min_compress`` elements go uncompressed; larger ones use
+    ``algorithm`` over ``topology``, cut into ``ceil(bytes / partition_bytes)`` pieces,
+    at most one per rank (so ps spreads a tensor over every aggregator).
+
+    Example:
+        >>> StaticPlanner("onebit", "ring").plan("fc.weight", 4_000_000, 4)
+        Plan(topology='ring', algorithm='onebit', partitions=4, params=())
+    """
+
+    def __init__(self, algorithm: str | None = "onebit", topology: str = "ps",
+                 min_compress: int = 16384, partition_bytes: int = 4 << 20,
+                 **params: Any) -> None:
+        if topology not in TOPOLOGIES:
+            raise ConfigError(f"unknown topology {topology!r}; choose one of "
+                              f"{', '.join(TOPOLOGIES)}")
+        if algorithm in (None, "none") or topology == "none":
+            algorithm, topology = None, "none"
+        if min_compress < 0 or partition_bytes < 1:
+            raise ConfigError("min_compress must be >= 0 and partition_bytes >= 1")
+        self.algorithm = algorithm
+        self.topology = topology
+        self.min_compress = int(min_compress)
+        self.partition_bytes = int(partition_bytes)
+        self.params = tuple(sorted(params.items()))
+
+    def plan(self, name: str, numel: int, world_size: int) -> Plan:
+        k = max(1, min(world_size, math.ceil(numel * 4 / self.partition_bytes)))
+        if self.algorithm is None or numel < self.min_compress or world_size == 1:
+            return Plan("none", None, k)
+        return Plan(self.topology, self.algorithm, k, self.params)
+
+    def __repr__(self) -> str:
+        return (f"StaticPlanner({self.algorithm!r}, {self.topology!r}, "
+                f"min_compress={self.min_compress}, partition_bytes={self.partition_bytes})")

@@ -1,0 +1,325 @@
+"""``Synchronizer``: the engine's front door — submit gradients, get averaged gradients."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import hipress
+from compll.payload import VERSION, algorithm_id
+from hipress.codec import Codec
+from hipress.errors import ConfigError, SyncError
+
+from . import primitives as P
+from .executor import Executor, Graph
+from .feedback import ErrorFeedback
+from .graphs import BUILDERS, Context, slots
+from .health import Health
+from .plan import Plan, Planner, StaticPlanner
+from .transport import Transport, tag_space
+
+__all__ = ["Synchronizer", "default_timeout"]
+
+
+def default_timeout() -> float:
+    """Seconds a peer may stay silent: ``HIPRESS_TIMEOUT``, else 300."""
+    raw = os.environ.get("HIPRESS_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"HIPRESS_TIMEOUT={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"HIPRESS_TIMEOUT must be positive, not {value}")
+    return value
+
+
+@dataclass
+class _Entry:
+    """A submitted tensor: where its float32 values live and how to give them back."""
+
+    name: str
+    tensor: Any
+    buf: np.ndarray
+    write_back: bool
+    future: Any
+
+
+@dataclass
+class _Bucket:
+    entries: list[_Entry] = field(default_factory=list)
+    numel: int = 0
+
+
+def _future() -> Any:
+    import torch
+
+    return torch.futures.Future()
+
+
+def _stage(tensor: Any) -> tuple[np.ndarray, bool]:
+    """A flat float32 host buffer for ``tensor`` and whether results must be copied back."""
+    if isinstance(tensor, np.ndarray):
+        if tensor.dtype == np.float32 and tensor.flags.c_contiguous \
+                and tensor.flags.writeable:
+            return tensor.reshape(-1), False
+        if tensor.dtype.kind != "f":
+            raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
+        return np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1), True
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigError(f"submit() takes a torch tensor or NumPy array, not "
+                          f"{type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
+    t = tensor.detach()
+    if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous():
+        return t.view(-1).numpy(), False
+    # fp16/bf16/f64 are upcast; non-contiguous and device tensors are staged on the host.
+    return t.to(device="cpu", dtype=torch.float32).contiguous().view(-1).numpy(), True
+
+
+def _give_back(entry: _Entry, values: np.ndarray) -> None:
+    if not entry.write_back:
+        return
+    if isinstance(entry.tensor, np.ndarray):
+        entry.tensor[...] = values.reshape(entry.tensor.shape)
+        return
+    import torch
+
+    entry.tensor.detach().copy_(torch.from_numpy(values).view(entry.tensor.shape))
+
+
+class Synchronizer:
+    """Averages gradients across the ranks of a Gloo group with compression-aware graphs.
+
+    Args:
+        algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
+        topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``).
+        planner: decides per tensor; by default a ``StaticPlanner`` over the above.
+        error_feedback: keep residuals; ``None`` means on for biased algorithms only.
+        group: the process group (Gloo); default the world.
+        timeout: seconds before a silent peer raises ``SyncError``
+            (default ``HIPRESS_TIMEOUT`` or 300).
+        fuse_below: tensors under this many elements are batched into buckets.
+        bucket_elems: a bucket is sent when it holds this many elements.
+        seed: the RNG seed of stochastic algorithms (the same on every rank).
+        transport: a ``Transport`` (tests instrument it); by default built on ``group``.
+        trace: record task timings in ``executor.trace``.
+        **params: parameters of ``algorithm``.
+
+    Example:
+        >>> sync = Synchronizer("onebit", "ring")
+        >>> futures = [sync.submit(n, p.grad) for n, p in model.named_parameters()]
+        >>> sync.synchronize()   # every p.grad now holds the average over ranks
+    """
+
+    def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
+                 planner: Planner | None = None, error_feedback: bool | None = None,
+                 group: Any = None, timeout: float | None = None,
+                 fuse_below: int = 262144, bucket_elems: int = 4 << 20, seed: int = 0,
+                 target: str = "auto", transport: Transport | None = None,
+                 trace: bool = False, **params: Any) -> None:
+        self.planner: Planner = planner if planner is not None else \
+            StaticPlanner(algorithm, topology, **params)
+        self.error_feedback = error_feedback
+        self.timeout = default_timeout() if timeout is None else float(timeout)
+        if self.timeout <= 0:
+            raise ConfigError(f"timeout must be positive, not {self.timeout}")
+        if fuse_below < 0 or bucket_elems < 1:
+            raise ConfigError("fuse_below must be >= 0 and bucket_elems >= 1")
+        self.fuse_below = int(fuse_below)
+        self.bucket_elems = int(bucket_elems)
+        self.seed = int(seed)
+        self.target = target
+        self.transport = transport if transport is not None else Transport(group)
+        self.rank, self.size = self.transport.rank, self.transport.size
+        self.step = 0
+        self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
+        self._feedback: dict[str, ErrorFeedback] = {}
+        self._tag = 0
+        self._bucket = _Bucket()
+        self._names: set[str] = set()
+        self._load = [0] * self.size
+        self._step_graphs: list[Graph] = []
+        self._graphs = 0
+        self.algorithm = None if algorithm in (None, "none") else algorithm
+        self.topology = "none" if self.algorithm is None else topology
+        self.params = dict(params)
+        self._check_agreement()
+        self.executor = Executor(self.transport, self.timeout, trace)
+        self.health = Health(self.transport.group, self.rank, self.size)
+        self.executor.explain = self._explain
+
+    # -- configuration ------------------------------------------------------------------
+
+    def codec(self, plan: Plan) -> Codec:
+        """The codec a plan compresses with (built once, cached per algorithm+params)."""
+        assert plan.algorithm is not None
+        key = (plan.algorithm, plan.params)
+        if key not in self._codecs:
+            self._codecs[key] = hipress.codec(plan.algorithm, target=self.target,
+                                              seed=self.seed, **dict(plan.params))
+        return self._codecs[key]
+
+    def feedback(self, codec: Codec) -> ErrorFeedback | None:
+        on = (not codec.unbiased) if self.error_feedback is None else self.error_feedback
+        if not on:
+            return None
+        return self._feedback.setdefault(repr(codec), ErrorFeedback())
+
+    def _check_agreement(self) -> None:
+        """Every rank must run the same engine configuration; name the field that differs."""
+        fields: dict[str, Any] = {
+            "hipress version": hipress.__version__,
+            "payload format version": VERSION,
+            "algorithm": self.algorithm,
+            "topology": self.topology,
+            "error feedback": self.error_feedback,
+            "seed": self.seed,
+            "planner": repr(self.planner),
+        }
+        if self.algorithm is not None:
+            probe = self.codec(Plan(self.topology if self.topology != "none" else "ps",
+                                    self.algorithm, 1, tuple(sorted(self.params.items()))))
+            fields["algorithm parameters"] = probe.params
+            fields["DSL hash"] = f"{algorithm_id(probe.program):08x}"
+        if self.size == 1:
+            return
+        gathered: list[Any] = [None] * self.size
+        self.transport.dist.all_gather_object(gathered, fields, group=self.transport.group)
+        reference = gathered[0]
+        for rank, other in enumerate(gathered):
+            for name in reference:
+                if other.get(name) != reference[name]:
+                    raise ConfigError(
+                        f"ranks disagree on {name}: rank 0 has {reference[name]!r}, rank "
+                        f"{rank} has {other.get(name)!r}; start every rank with the same "
+                        "HiPress version, algorithm and settings")
+
+    def _explain(self, error: SyncError) -> SyncError:
+        """Publish what this rank saw, then add what the other ranks saw."""
+        self.health.report(str(error).split(": ", 1)[-1][:300])
+        return SyncError(f"{error}{self.health.diagnose(self.step)}")
+
+    # -- the step -----------------------------------------------------------------------
+
+    def submit(self, name: str, tensor: Any) -> Any:
+        """Queue ``tensor`` to be averaged in place across ranks.
+
+        Tensors must be submitted in the same order on every rank within a step.
+        Small tensors wait in a bucket until it fills or ``synchronize()`` runs.
+
+        Returns:
+            A ``torch.futures.Future`` resolving to ``tensor`` once it holds the average.
+
+        Raises:
+            SyncError: an earlier failure broke the group (restart the job).
+            ConfigError: a name submitted twice in one step, or a non-float tensor.
+        """
+        if self.executor.error is not None:
+            raise SyncError(f"the synchronizer failed earlier ({self.executor.error}); "
+                            "restart the job")
+        if name in self._names:
+            raise ConfigError(f"tensor {name!r} was already submitted in step {self.step}; "
+                              "call synchronize() to finish the step first")
+        buf, write_back = _stage(tensor)
+        if not self._names:
+            self.health.progress(self.step)
+        entry = _Entry(name, tensor, buf, write_back, _future())
+        self._names.add(name)
+        if self.size == 1:
+            _give_back(entry, buf)
+            entry.future.set_result(tensor)
+            return entry.future
+        if buf.size < self.fuse_below:
+            self._bucket.entries.append(entry)
+            self._bucket.numel += buf.size
+            if self._bucket.numel >= self.bucket_elems:
+                self.flush()
+            return entry.future
+        self._launch([entry], buf, name, name)
+        return entry.future
+
+    def flush(self) -> None:
+        """Send the current bucket of small tensors now."""
+        bucket, self._bucket = self._bucket, _Bucket()
+        if not bucket.entries:
+            return
+        names = [e.name for e in bucket.entries]
+        buf = np.concatenate([e.buf for e in bucket.entries]) if len(names) > 1 \
+            else bucket.entries[0].buf
+        label = f"bucket[{names[0]}..{names[-1]}]" if len(names) > 1 else names[0]
+        self._launch(bucket.entries, buf, label, ("bucket", *names))
+
+    def synchronize(self) -> None:
+        """Finish the step: send the last bucket, wait for every tensor, then advance.
+
+        Raises:
+            SyncError: a peer died, stalled past the timeout or sent bad data.
+        """
+        self.flush()
+        self.executor.wait_idle()
+        graphs, self._step_graphs = self._step_graphs, []
+        for handle in (h for g in graphs for h in g.sends):
+            try:
+                self.transport.wait(handle, self.timeout)
+            except BaseException as exc:  # noqa: BLE001
+                raise SyncError(f"step {self.step}: a send to rank {handle.peer} did not "
+                                f"complete within {self.timeout:g} s: {exc}") from exc
+        self._names.clear()
+        self._load = [0] * self.size
+        self.step += 1
+
+    def close(self) -> None:
+        """Stop the engine's threads (the process group stays up)."""
+        self.executor.close()
+
+    # -- graphs -------------------------------------------------------------------------
+
+    def _owners(self, parts: list[slice]) -> list[int]:
+        """Aggregators for ps partitions: the least-loaded rank, rotating ties."""
+        owners = []
+        for sl in parts:
+            start = self._graphs % self.size
+            rank = min(range(self.size),
+                       key=lambda r: (self._load[r], (r - start) % self.size))
+            self._load[rank] += sl.stop - sl.start
+            owners.append(rank)
+        return owners
+
+    def _launch(self, entries: list[_Entry], buf: np.ndarray, label: str,
+                key: Hashable) -> None:
+        plan = self.planner.plan(label, buf.size, self.size)
+        k = max(1, min(plan.partitions, buf.size))
+        parts = P.partition(buf.size, k)
+        codec = self.codec(plan) if plan.compress else None
+        ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
+                      self.step, self._tag, key)
+        self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
+        graph = Graph(label, self.step)
+        BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))
+        self._graphs += 1
+
+        def done() -> None:
+            offset = 0
+            for entry in entries:
+                if buf is not entry.buf:  # a bucket: copy each tensor's slice back
+                    entry.buf[...] = buf[offset:offset + entry.buf.size]
+                _give_back(entry, entry.buf)
+                offset += entry.buf.size
+                entry.future.set_result(entry.tensor)
+
+        def failed(error: BaseException) -> None:
+            for entry in entries:
+                if not entry.future.done():
+                    entry.future.set_exception(error)
+
+        graph.on_done = done
+        graph.on_error = failed
+        self._step_graphs.append(graph)
+        self.executor.add(graph)

@@ -1,0 +1,220 @@
+"""Run a scenario on N local ranks (one process each, Gloo on loopback) for the tests.
+
+``launch`` starts ``python tests/ranks.py SCENARIO`` once per rank with the environment
+torchrun would set; each rank writes ``rank{r}.npz`` (arrays) and ``rank{r}.json``
+(anything else) into a scratch folder. The scenarios live at the bottom of this file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ALGOS = ["onebit", "terngrad", "dgc", "fp16", "minmax8"]
+TOPOLOGIES = ["ps", "ring", "allgather"]
+#: (elements, dtype, contiguous) of the tensors every strategy scenario synchronizes
+TENSORS = [(0, "float32", True), (1, "float32", True), (7, "float32", True),
+           (1000, "float16", True), (3000, "bfloat16", True), (5000, "float32", False),
+           (20_001, "float32", True), (70_000, "float32", True)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = None,
+           timeout: float = 300, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Run ``scenario`` on ``world`` ranks; return each rank's exit code, JSON and arrays."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HIPRESS_THREADS="1",
+                 OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
+        e.update(env or {})
+        procs.append(subprocess.Popen(
+            [sys.executable, str(HERE / "ranks.py"), scenario, json.dumps(args or {}),
+             str(out)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + timeout
+    results = []
+    for rank, proc in enumerate(procs):
+        try:
+            log, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"{scenario}: rank {rank} still running after {timeout} s") \
+                from None
+        result: dict[str, Any] = {"rc": proc.returncode, "log": log}
+        meta = out / f"rank{rank}.json"
+        if meta.exists():
+            result.update(json.loads(meta.read_text()))
+        arrays = out / f"rank{rank}.npz"
+        if arrays.exists():
+            with np.load(arrays) as z:
+                result["arrays"] = {k: z[k] for k in z.files}
+        results.append(result)
+    return results
+
+
+def data(rank: int, index: int, n: int, step: int = 0) -> np.ndarray:
+    """The gradient rank ``rank`` holds for tensor ``index`` (tests regenerate it)."""
+    r = np.random.default_rng([rank, index, step])
+    return (r.standard_normal(n) * r.exponential(1.0, n)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def _init() -> Any:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
+    return dist
+
+
+def _torch_tensor(values: np.ndarray, dtype: str, contiguous: bool) -> Any:
+    import torch
+
+    t = torch.from_numpy(values.copy()).to(getattr(torch, dtype))
+    if not contiguous:  # every other element of a buffer twice as long
+        wide = torch.zeros(2 * values.size, dtype=t.dtype)
+        wide[::2] = t
+        t = wide[::2]
+    return t
+
+
+def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
+    from casync import StaticPlanner, Synchronizer
+
+    arrays = {}
+    for algo in args.get("algos", ALGOS):
+        for topo in args.get("topologies", TOPOLOGIES):
+            planner = StaticPlanner(algo, topo, min_compress=512, partition_bytes=16 << 10)
+            sync = Synchronizer(algo, topo, planner=planner, fuse_below=4096,
+                                bucket_elems=8192, timeout=60)
+            tensors = [_torch_tensor(data(rank, i, n), dt, c)
+                       for i, (n, dt, c) in enumerate(TENSORS)]
+            futures = [sync.submit(f"t{i}", t) for i, t in enumerate(tensors)]
+            sync.synchronize()
+            for i, (t, f) in enumerate(zip(tensors, futures, strict=True)):
+                assert f.done() and f.value() is t
+                arrays[f"{algo}/{topo}/{i}"] = t.float().numpy()
+            sync.close()
+    np.savez(out / f"rank{rank}.npz", **arrays)
+    return {}
+
+
+def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """50 steps of a fixed gradient stream; returns the synchronized running sums."""
+    import torch
+
+    from casync import StaticPlanner, Synchronizer
+
+    n, steps = 20_000, args.get("steps", 50)
+    algo, topo = args["algo"], args["topology"]
+    planner = StaticPlanner(algo, topo, min_compress=0, partition_bytes=n * 4)
+    sync = Synchronizer(algo, topo, planner=planner, fuse_below=0,
+                        error_feedback=args.get("error_feedback"), timeout=60)
+    total = np.zeros(n, np.float64)
+    for step in range(steps):
+        g = torch.from_numpy(data(rank, 0, n, step))
+        sync.submit("g", g)
+        sync.synchronize()
+        total += g.numpy()
+    np.savez(out / f"rank{rank}.npz", total=total)
+    return {}
+
+
+def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Rank ``victim`` dies or stalls in step 2; the others report what they raised."""
+    import torch
+
+    from casync import Synchronizer
+    from hipress import SyncError
+
+    sync = Synchronizer(args["algo"], args["topology"], timeout=args["timeout"])
+    start = 0.0
+    try:
+        for step in range(4):
+            if step == 2 and rank == args["victim"]:
+                if args["mode"] == "die":
+                    os._exit(17)
+                time.sleep(args["timeout"] + 15)
+            start = time.monotonic()
+            sync.submit("layer1.weight", torch.from_numpy(data(rank, 0, 300_000, step)))
+            sync.submit("layer1.bias", torch.from_numpy(data(rank, 1, 100, step)))
+            sync.synchronize()
+    except SyncError as exc:
+        return {"error": str(exc), "type": "SyncError", "after": time.monotonic() - start}
+    return {"error": None}
+
+
+def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Rank 1 starts with a different setting; every rank reports the ConfigError."""
+    from casync import Synchronizer
+    from hipress import ConfigError
+
+    settings = dict(args["base"])
+    if rank == 1:
+        settings.update(args["changed"])
+    algo = settings.pop("algorithm")
+    try:
+        Synchronizer(algo, **settings)
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    return {"error": None}
+
+
+def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """A transport that takes 0.2 s per message; returns the executor's task trace."""
+    import torch
+
+    from casync import StaticPlanner, Synchronizer, Transport
+
+    class SlowTransport(Transport):
+        def wait(self, handle: Any, timeout: float) -> None:
+            time.sleep(0.2)
+            super().wait(handle, timeout)
+
+    n = 400_000
+    planner = StaticPlanner("onebit", args["topology"], partition_bytes=n * 4 // 4)
+    sync = Synchronizer("onebit", args["topology"], planner=planner, transport=SlowTransport(),
+                        trace=True, timeout=60)
+    sync.submit("big", torch.from_numpy(data(rank, 0, n)))
+    sync.synchronize()
+    assert sync.executor.trace is not None
+    return {"trace": sync.executor.trace}
+
+
+SCENARIOS = {f.__name__: f for f in (strategies, feedback, fault, mismatch, pipeline)}
+
+
+def main() -> None:
+    scenario, raw, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    rank = int(os.environ["RANK"])
+    _init()
+    result = SCENARIOS[scenario](json.loads(raw), rank, folder)
+    (folder / f"rank{rank}.json").write_text(json.dumps(result))
+    # Skip process-group teardown: a dead peer must not turn a report into a hang.
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

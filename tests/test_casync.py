@@ -1,0 +1,237 @@
+"""CaSync: plans, primitives and error feedback (pure), then the engine on 2 and 4 ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ranks
+import torch
+
+import hipress
+from casync import ErrorFeedback, Plan, StaticPlanner, default_timeout
+from casync.primitives import partition
+from compll.payload import framed_size
+from hipress import ConfigError, PayloadError
+
+# ---------------------------------------------------------------------------------- pure
+
+
+@pytest.mark.parametrize("n,k", [(0, 1), (1, 1), (10, 3), (7, 7), (1000, 4), (5, 8)])
+def test_partition_covers_in_order(n, k):
+    parts = partition(n, k)
+    assert len(parts) == k
+    assert parts[0].start == 0 and parts[-1].stop == n
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:], strict=False))
+    sizes = [p.stop - p.start for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_static_planner_threshold_and_partitions():
+    planner = StaticPlanner("onebit", "ring", min_compress=1000, partition_bytes=4000)
+    assert planner.plan("small", 999, 4) == Plan("none", None, 1)
+    assert planner.plan("one", 1000, 4) == Plan("ring", "onebit", 1)
+    assert planner.plan("big", 1_000_000, 4).partitions == 4   # at most one per rank
+    assert planner.plan("big", 1_000_000, 1).topology == "none"  # nothing to talk to
+    assert StaticPlanner("none").plan("x", 10**6, 4).topology == "none"
+
+
+def test_plan_rejects_inconsistent_fields():
+    with pytest.raises(ConfigError, match="unknown topology"):
+        Plan("tree", "onebit")
+    with pytest.raises(ConfigError, match="compresses"):
+        Plan("none", "onebit")
+    with pytest.raises(ConfigError, match="compresses"):
+        Plan("ps", None)
+    with pytest.raises(ConfigError, match="at least 1"):
+        Plan("ps", "onebit", 0)
+
+
+def test_default_timeout_reads_the_environment(monkeypatch):
+    monkeypatch.delenv("HIPRESS_TIMEOUT", raising=False)
+    assert default_timeout() == 300
+    monkeypatch.setenv("HIPRESS_TIMEOUT", "12.5")
+    assert default_timeout() == 12.5
+    monkeypatch.setenv("HIPRESS_TIMEOUT", "soon")
+    with pytest.raises(ConfigError, match="HIPRESS_TIMEOUT"):
+        default_timeout()
+
+
+def test_framed_size_finds_the_payload_in_a_larger_buffer():
+    c = hipress.codec("dgc", target="ref")
+    payload = c.encode(ranks.data(0, 0, 5000))
+    big = np.zeros(c.max_payload_bytes(5000), np.uint8)
+    big[:payload.size] = payload
+    assert payload.size <= big.size
+    assert framed_size(big) == payload.size
+    with pytest.raises(PayloadError):
+        framed_size(big[:payload.size - 1])
+    with pytest.raises(PayloadError, match="magic"):
+        framed_size(np.zeros(64, np.uint8))
+
+
+@pytest.mark.parametrize("algo", ["onebit", "dgc", "minmax8", "terngrad", "topk", "threshold"])
+def test_max_payload_bytes_bounds_every_payload(algo):
+    c = hipress.codec(algo, target="ref")
+    for n in (0, 1, 9, 4096):
+        for x in (ranks.data(1, 2, n), np.ones(n, np.float32)):
+            assert c.encode(x).size <= c.max_payload_bytes(n)
+
+
+def test_error_feedback_keeps_the_running_sum_close():
+    """Synchronized sum minus true sum is exactly the current residual, so it stays bounded."""
+    c = hipress.codec("onebit", target="ref")
+    ef = ErrorFeedback()
+    sent = np.zeros(4096)
+    true = np.zeros(4096)
+    plain = np.zeros(4096)
+    for step in range(50):
+        g = ranks.data(0, 0, 4096, step)
+        sent += c.decode(ef.encode(c, g, step, key="g"), g.size)
+        plain += c.decode(c.encode(g), g.size)
+        true += g
+    residual = ef.residual("g")
+    assert residual is not None
+    np.testing.assert_allclose(true - sent, residual, rtol=0, atol=1e-3)
+    assert np.linalg.norm(true - sent) < 0.2 * np.linalg.norm(true - plain)
+
+
+def test_error_feedback_drops_non_finite_residuals():
+    c = hipress.codec("onebit", target="ref")
+    ef = ErrorFeedback()
+    g = ranks.data(0, 0, 100)
+    g[3] = np.inf
+    ef.encode(c, g, 0, key="g")
+    residual = ef.residual("g")
+    assert residual is not None and np.isfinite(residual).all()
+
+
+# ----------------------------------------------------------------------------- parallel
+
+DTYPE_EPS = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+#: encodes on the path from a gradient to the result: worker, then aggregator / ring hops
+ENCODES = {"allgather": 1.5, "ps": 2.0, "ring": 2.0}
+FUSE_BELOW = 4096  # what ranks.strategies passes
+
+
+def _inputs(world: int, index: int) -> list[np.ndarray]:
+    n, dtype, _ = ranks.TENSORS[index]
+    return [torch.from_numpy(ranks.data(r, index, n)).to(getattr(torch, dtype)).float().numpy()
+            for r in range(world)]
+
+
+def _groups() -> list[list[int]]:
+    """Tensors the engine compresses together: the fused bucket, then each large one."""
+    small = [i for i, (n, _, _) in enumerate(ranks.TENSORS) if n < FUSE_BELOW]
+    return [small] + [[i] for i in range(len(ranks.TENSORS)) if i not in small]
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2ranks", "4ranks"])
+def strategy_results(request, tmp_path_factory):
+    world = request.param
+    results = ranks.launch(world, "strategies", tmp_path_factory.mktemp(f"strat{world}"))
+    for rank, r in enumerate(results):
+        assert r["rc"] == 0, f"rank {rank} failed:\n{r['log'][-3000:]}"
+    return world, [r["arrays"] for r in results]
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("topology", ranks.TOPOLOGIES)
+@pytest.mark.parametrize("algo", ranks.ALGOS)
+def test_strategy_matches_reference_and_is_identical(strategy_results, algo, topology):
+    world, arrays = strategy_results
+    ref_codec = hipress.codec(algo, target="ref")
+    for group in _groups():
+        outs = [np.concatenate([a[f"{algo}/{topology}/{i}"] for i in group]) for a in arrays]
+        for rank in range(1, world):  # every rank decoded the same bytes
+            assert outs[rank].tobytes() == outs[0].tobytes(), f"rank {rank} differs"
+        xs = [np.concatenate(parts) for parts in zip(*(_inputs(world, i) for i in group),
+                                                      strict=True)]
+        if xs[0].size == 0:
+            continue
+        mean = np.mean(xs, axis=0)
+        decoded = [ref_codec.decode(ref_codec.encode(x), x.size) for x in (*xs, mean)]
+        codec_error = max(_rel(d, x) for d, x in zip(decoded, (*xs, mean), strict=True))
+        ref = np.mean(decoded[:-1], axis=0)  # mean of what each rank's payload decodes to
+        eps = max(DTYPE_EPS[ranks.TENSORS[i][1]] for i in group)
+        bound = ENCODES[topology] * codec_error + 2 * eps + 1e-6
+        assert _rel(outs[0], mean) <= bound, (group, _rel(outs[0], mean), bound)
+        assert _rel(outs[0], ref) <= bound + codec_error, (group, _rel(outs[0], ref))
+
+
+def _true_means(world: int, n: int, steps: int) -> list[np.ndarray]:
+    return [np.mean([ranks.data(r, 0, n, s) for r in range(world)], axis=0, dtype=np.float64)
+            for s in range(steps)]
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("topology", ["ps", "ring"])
+def test_error_feedback_tracks_the_true_sum(tmp_path, topology):
+    world, steps = 2, 50
+    with_ef = ranks.launch(world, "feedback", tmp_path / "ef",
+                           {"algo": "onebit", "topology": topology, "steps": steps})
+    without = ranks.launch(world, "feedback", tmp_path / "plain",
+                           {"algo": "onebit", "topology": topology, "steps": steps,
+                            "error_feedback": False})
+    for r in with_ef + without:
+        assert r["rc"] == 0, r["log"][-3000:]
+    means = _true_means(world, 20_000, steps)
+    true = np.sum(means, axis=0)
+    step_norm = float(np.mean([np.linalg.norm(m) for m in means]))
+    drift_ef = np.linalg.norm(with_ef[0]["arrays"]["total"] - true)
+    drift_plain = np.linalg.norm(without[0]["arrays"]["total"] - true)
+    # With feedback the drift is the residuals (worker + aggregator): a few steps' worth,
+    # not growing with the number of steps.
+    print(f"{topology}: drift with feedback {drift_ef / step_norm:.2f} steps' worth, "
+          f"without {drift_plain / step_norm:.2f}")
+    assert drift_ef < 3 * step_norm, (drift_ef, step_norm)
+    assert drift_ef < 0.5 * drift_plain, (drift_ef, drift_plain)
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("world,topology,mode", [(2, "ring", "die"), (4, "ps", "die"),
+                                                 (4, "ring", "stall")])
+def test_dead_or_stalled_peer_raises_sync_error(tmp_path, world, topology, mode):
+    timeout, victim = 5.0, world - 1
+    results = ranks.launch(world, "fault", tmp_path,
+                           {"algo": "onebit", "topology": topology, "timeout": timeout,
+                            "victim": victim, "mode": mode}, timeout=timeout + 90)
+    for rank, r in enumerate(results):
+        if rank == victim:
+            continue
+        assert r["rc"] == 0, r["log"][-3000:]
+        assert r["type"] == "SyncError", r
+        assert "step 2" in r["error"] and "layer1" in r["error"] and "rank" in r["error"]
+        assert r["after"] <= timeout + 10, r
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("changed,field", [({"algorithm": "terngrad"}, "algorithm"),
+                                           ({"bits": 4}, "algorithm parameters"),
+                                           ({"topology": "ring"}, "topology"),
+                                           ({"seed": 7}, "seed")])
+def test_mismatched_configs_fail_at_init(tmp_path, changed, field):
+    base = {"algorithm": "minmax8", "topology": "ps"}
+    results = ranks.launch(2, "mismatch", tmp_path, {"base": base, "changed": changed})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+        assert r["error"] and f"disagree on {field}:" in r["error"], r["error"]
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("topology", ["ps", "allgather"])
+def test_encode_of_a_later_partition_overlaps_earlier_communication(tmp_path, topology):
+    results = ranks.launch(2, "pipeline", tmp_path, {"topology": topology})
+    assert results[0]["rc"] == 0, results[0]["log"][-3000:]
+    trace = results[0]["trace"]
+    comm = {name.split("/")[0]: (start, end) for lane, name, _, start, end in trace
+            if lane == "comm"}
+    encodes = [(name.split("/")[0], start, end) for lane, name, _, start, end in trace
+               if lane == "compute" and "encode" in name]
+    assert len(comm) >= 2 and len(encodes) >= 2
+    overlapped = [(p, q) for p, (c0, c1) in comm.items() for q, e0, e1 in encodes
+                  if int(q[1:]) > int(p[1:]) and e0 < c1 and e1 > c0]
+    assert overlapped, f"no encode ran while an earlier partition communicated: {trace}"
