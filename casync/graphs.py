@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -38,6 +38,7 @@ class Context:
     step: int
     tag: int
     key: Hashable
+    pool: dict[Hashable, np.ndarray] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -54,10 +55,22 @@ class Context:
         """A distinct RNG step per step, rank and encode site, so ranks round independently."""
         return zlib.crc32(repr((self.step, self.rank, site)).encode())
 
+    def scratch(self, site: Hashable, size: int, dtype: type) -> np.ndarray:
+        """A buffer that belongs to this tensor and site across steps (pages stay mapped).
+
+        Reuse is safe: a step's sends and receives complete before the next step starts.
+        """
+        key = (self.key, site, np.dtype(dtype).str)
+        buf = self.pool.get(key)
+        if buf is None or buf.size < size:
+            buf = self.pool[key] = np.empty(max(size, 1), dtype)
+        return buf[:size]
+
     def encode(self, x: np.ndarray, *site: object) -> np.ndarray:
         assert self.codec is not None
         key = (self.key, *site) if self.feedback is not None else None
-        return P.encode(self.codec, x, self.rng_step(*site), self.feedback, key)
+        out = self.scratch(("payload", *site), self.codec.max_payload_bytes(x.size), np.uint8)
+        return P.encode(self.codec, x, self.rng_step(*site), self.feedback, key, out)
 
 
 def slots(topology: str, world: int) -> int:
@@ -90,7 +103,8 @@ def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payload:
 
 def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], capacity: int,
           src: int, tag: int) -> tuple[Task, Payload]:
-    handle = P.recv(ctx.transport, capacity, src, tag)
+    handle = P.recv(ctx.transport, capacity, src, tag,
+                    ctx.scratch(("recv", name), capacity, np.uint8))
     return graph.task(name, "recv", prio, None, handle=handle), lambda: P.received(handle)
 
 
@@ -125,7 +139,7 @@ def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
                     (t_recv, t_send))
             continue
         # The aggregator adds its own partition as is: no encode round trip.
-        acc = np.empty_like(x)
+        acc = ctx.scratch(("acc", p), x.size, np.float32)
         t_prev = graph.task(f"p{p}/own", "compute", (p, 0),
                             partial(np.copyto, acc, x))
         for src in range(world):
@@ -166,7 +180,7 @@ def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
             t_recv, incoming = _recv(graph, ctx, f"p{p}/rs-recv{h}", (p, 2 * h + 1),
                                     codec.max_payload_bytes(chunks[c].size), left,
                                     ctx.tag_of(p, h, per))
-            acc = np.empty_like(chunks[c])
+            acc = ctx.scratch(("acc", p, h), chunks[c].size, np.float32)
             t_copy = graph.task(f"p{p}/rs-copy{h}", "compute", (p, 2 * h + 2),
                                 partial(np.copyto, acc, chunks[c]), (t_last,))
             t_merge = _decode(graph, ctx, f"p{p}/rs-merge{h}", (p, 2 * h + 2), incoming, acc,

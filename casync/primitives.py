@@ -35,11 +35,12 @@ def partition(n: int, k: int) -> list[slice]:
 
 
 def encode(codec: Codec, x: np.ndarray, step: int, feedback: ErrorFeedback | None = None,
-           key: Hashable = None) -> np.ndarray:
-    """Compress ``x``; with ``feedback``, compress ``x`` plus the residual of ``key``."""
+           key: Hashable = None, out: np.ndarray | None = None) -> np.ndarray:
+    """Compress ``x`` (into ``out`` when it fits); with ``feedback``, compress ``x`` plus
+    the residual of ``key``."""
     if feedback is not None:
-        return feedback.encode(codec, x, step, key)
-    return codec.encode(x, step=step)
+        return feedback.encode(codec, x, step, key, out)
+    return codec.encode(x, step=step, out=out)
 
 
 def decode(codec: Codec, payload: np.ndarray, out: np.ndarray,
@@ -58,9 +59,10 @@ def send(transport: Transport, payload: np.ndarray, dst: int, tag: int) -> Handl
     return transport.isend(payload, dst, tag)
 
 
-def recv(transport: Transport, capacity: int, src: int, tag: int) -> Handle:
-    """Post a receive of up to ``capacity`` bytes from rank ``src``."""
-    return transport.irecv(capacity, src, tag)
+def recv(transport: Transport, capacity: int, src: int, tag: int,
+         buffer: np.ndarray | None = None) -> Handle:
+    """Post a receive of up to ``capacity`` bytes from rank ``src`` (into ``buffer``)."""
+    return transport.irecv(capacity, src, tag, buffer)
 
 
 def received(handle: Handle) -> np.ndarray:

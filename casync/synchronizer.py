@@ -146,6 +146,7 @@ class Synchronizer:
         self._names: set[str] = set()
         self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
+        self._pool: dict[Hashable, np.ndarray] = {}
         self._graphs = 0
         self.algorithm = None if algorithm in (None, "none") else algorithm
         self.topology = "none" if self.algorithm is None else topology
@@ -299,7 +300,7 @@ class Synchronizer:
         parts = P.partition(buf.size, k)
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
-                      self.step, self._tag, key)
+                      self.step, self._tag, key, self._pool)
         self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
         graph = Graph(label, self.step)
         BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))

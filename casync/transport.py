@@ -77,9 +77,12 @@ class Transport:
         self.messages_sent += 1
         return Handle(work, dst, "send", payload)
 
-    def irecv(self, capacity: int, src: int, tag: int) -> Handle:
-        """Post a receive of at most ``capacity`` bytes from group rank ``src``."""
-        buffer = np.empty(max(capacity, 1), dtype=np.uint8)
+    def irecv(self, capacity: int, src: int, tag: int,
+              buffer: np.ndarray | None = None) -> Handle:
+        """Post a receive of at most ``capacity`` bytes from group rank ``src``, into
+        ``buffer`` (uint8, at least ``capacity`` long) or a new one."""
+        if buffer is None or buffer.size < capacity:
+            buffer = np.empty(max(capacity, 1), dtype=np.uint8)
         work = self.dist.irecv(_torch_view(buffer), self._global(src), self.group, tag)
         return Handle(work, src, "recv", buffer)
 

@@ -118,8 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="DIR", help="copy the source and library here")
     p.set_defaults(func=_cmd_compile)
 
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels)")
-    p.add_argument("which", choices=["kernels"])
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels, sync)")
+    p.add_argument("which", choices=["kernels", "sync"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
 

@@ -1,0 +1,89 @@
+"""Local test hosts for the benchmarks: loopback, or one network namespace per rank.
+
+Shaped mode (root only) builds what a small cluster looks like: a network namespace
+per rank, each joined to one bridge by a veth pair, and each link shaped with
+``tc ... tbf`` in both directions (default 1 Gbit/s). Ranks run inside their namespace
+with ``ip netns exec``. Everything is removed on exit, also after a failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+__all__ = ["Host", "loopback", "shaped", "parse_rate"]
+
+
+@dataclass(frozen=True)
+class Host:
+    """Where one rank runs: a command prefix, its address and its interface."""
+
+    prefix: tuple[str, ...]
+    addr: str
+    ifname: str
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc-style rate such as ``1gbit``, ``500mbit`` or ``10gbit``."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    low = text.strip().lower()
+    for unit, scale in units.items():
+        if low.endswith(unit):
+            return float(low[: -len(unit)]) * scale
+    raise ValueError(f"rate {text!r} must end in bit, kbit, mbit or gbit (e.g. 1gbit)")
+
+
+@contextmanager
+def loopback(n: int) -> Iterator[list[Host]]:
+    """n ranks on this host's loopback interface (no shaping)."""
+    yield [Host((), "127.0.0.1", "lo")] * n
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def _quiet(*args: str) -> None:
+    subprocess.run(list(args), capture_output=True, text=True)
+
+
+@contextmanager
+def shaped(n: int, rate: str = "1gbit", tag: str = "hp") -> Iterator[list[Host]]:
+    """n namespaces on a bridge, each link shaped to ``rate`` each way; needs root."""
+    parse_rate(rate)
+    if os.geteuid() != 0:
+        raise PermissionError("shaped test hosts need root (ip netns, tc); run as root or "
+                              "use --network loopback")
+    prefix = f"{tag}{os.getpid() % 10000}"
+    bridge = f"{prefix}br"
+    namespaces = [f"{prefix}n{i}" for i in range(n)]
+    # The burst must hold a whole GSO segment (64 KiB) or tbf drops it.
+    tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
+    try:
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("link", "set", bridge, "up")
+        hosts = []
+        for i, ns in enumerate(namespaces):
+            outer, inner = f"{prefix}v{i}", f"{prefix}e{i}"
+            addr = f"10.77.{os.getpid() % 200}.{i + 1}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", outer, "type", "veth", "peer", "name", inner, "netns", ns)
+            _ip("link", "set", outer, "master", bridge)
+            _ip("link", "set", outer, "up")
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", inner)
+            _ip("-n", ns, "link", "set", inner, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", inner,
+                            "root", *tbf], check=True, capture_output=True)
+            subprocess.run(["tc", "qdisc", "add", "dev", outer, "root", *tbf], check=True,
+                           capture_output=True)
+            hosts.append(Host(("ip", "netns", "exec", ns), addr, inner))
+        yield hosts
+    finally:
+        for i, ns in enumerate(namespaces):
+            _quiet("ip", "netns", "del", ns)   # takes the veth pair with it
+            _quiet("ip", "link", "del", f"{prefix}v{i}")
+        _quiet("ip", "link", "del", bridge)

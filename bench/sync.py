@@ -1,0 +1,355 @@
+"""Synchronization benchmark: CaSync against uncompressed allreduce and a naive baseline.
+
+N ranks synchronize a model's gradient profile (tensor sizes in backward order, see
+``casync.models``) every step. In the same run, on the same ranks and links:
+
+* ``allreduce``: uncompressed Gloo allreduce over 25 MB buckets (what DDP does);
+* ``naive <algo>``: per tensor, encode, all-gather sizes and payloads, decode and sum —
+  no pipelining, no batching (how compression is usually bolted on);
+* ``casync <algo> <topology>``: the engine with its default static plan;
+* the lower bound of each algorithm: its compressed bytes over one link at the measured
+  link rate, 2(N-1)/N of the payload each way, plus one encode and one decode of the
+  whole gradient, timed on every rank at once (so with the same CPU contention).
+
+Times are the slowest rank's, median over ``--steps`` after a warm-up step.
+
+    hipress bench sync                                   # 4 ranks on loopback
+    sudo hipress bench sync --network shaped             # namespaces, 1 Gbit/s links
+    torchrun --nnodes 16 --nproc-per-node 1 ... bench/sync.py   # a real cluster
+
+Under torchrun (``RANK`` set) the script is a worker itself; otherwise it starts the
+ranks locally, on loopback or inside shaped network namespaces (``bench/hosts.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from bench.hosts import loopback, parse_rate, shaped  # noqa: E402
+
+RESULTS = HERE / "results"
+BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
+
+
+# ------------------------------------------------------------------------------ worker
+
+
+def _gradients(profile: list[tuple[str, int]], rank: int) -> list[np.ndarray]:
+    r = np.random.default_rng(rank)
+    return [(r.standard_normal(n) * 1e-3).astype(np.float32) for _, n in profile]
+
+
+def _timed(dist: Any, step: Any, reset: Any, steps: int) -> list[float]:
+    """Run ``step`` warm-up + ``steps`` times; the slowest rank's seconds per step."""
+    import torch
+
+    times = []
+    for i in range(steps + 1):
+        reset()
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
+        if i:
+            times.append(float(took))
+    return times
+
+
+def _allreduce_step(dist: Any, tensors: list[Any]) -> None:
+    import torch
+
+    bucket: list[Any] = []
+    size = 0
+    works = []
+    for t in tensors + [None]:
+        if t is not None:
+            bucket.append(t)
+            size += t.numel() * 4
+        if bucket and (t is None or size >= BUCKET_BYTES):
+            flat = torch.cat(bucket)
+            works.append((dist.all_reduce(flat, async_op=True), flat, bucket))
+            bucket, size = [], 0
+    world = dist.get_world_size()
+    for work, flat, parts in works:
+        work.wait()
+        flat /= world
+        offset = 0  # copy back into the gradients, as DDP does
+        for p in parts:
+            p.copy_(flat[offset:offset + p.numel()])
+            offset += p.numel()
+
+
+def _naive_step(dist: Any, codec: Any, tensors: list[Any]) -> None:
+    import torch
+
+    world = dist.get_world_size()
+    for t in tensors:
+        payload = torch.from_numpy(codec.encode(t))
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([payload.numel()]))
+        longest = int(max(s.item() for s in sizes))
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[:payload.numel()] = payload
+        got = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
+        dist.all_gather(got, mine)
+        acc = np.zeros(t.numel(), np.float32)
+        for buf, size in zip(got, sizes, strict=True):
+            codec.decode(buf[:int(size.item())].numpy(), t.numel(), out=acc, accumulate=True)
+        t.copy_(torch.from_numpy(acc / world))
+
+
+def _link_rate(dist: Any, rank: int, nbytes: int = 16 << 20) -> float:
+    """Goodput of one link (rank 0 -> rank 1) in bytes/s, measured with Gloo."""
+    import torch
+
+    buf = torch.zeros(nbytes, dtype=torch.uint8)
+    dist.barrier()
+    t0 = time.perf_counter()
+    if rank == 0:
+        dist.send(buf, 1)
+    elif rank == 1:
+        dist.recv(buf, 0)
+    took = torch.tensor([time.perf_counter() - t0 if rank == 1 else 0.0], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return nbytes / float(took)
+
+
+def _probe(dist: Any, rank: int, size: int = 64 << 10, count: int = 200) -> dict[str, float]:
+    """Per-message cost of a worst-case receive buffer against a size message first."""
+    import torch
+
+    payload = torch.zeros(size, dtype=torch.uint8)
+    big = torch.empty(4 * size, dtype=torch.uint8)
+    out: dict[str, float] = {}
+    for mode in ("capacity", "exchange"):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for i in range(count):
+            if rank == 0 and mode == "capacity":
+                dist.send(payload, 1, tag=i)
+            elif rank == 1 and mode == "capacity":
+                dist.recv(big, 0, tag=i)
+            elif rank == 0:
+                dist.send(torch.tensor([size], dtype=torch.int64), 1, tag=i)
+                dist.send(payload, 1, tag=i)
+            elif rank == 1:
+                n = torch.zeros(1, dtype=torch.int64)
+                dist.recv(n, 0, tag=i)
+                dist.recv(torch.empty(int(n), dtype=torch.uint8), 0, tag=i)
+        out[f"{mode}_us"] = (time.perf_counter() - t0) / count * 1e6
+    return out
+
+
+def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: list[Any],
+                     flat: np.ndarray, reset: Any, link_Bps: float,
+                     say: Any) -> list[dict[str, Any]]:
+    """Lower bound, naive baseline and CaSync per topology for one algorithm."""
+    import hipress
+    from casync import Synchronizer
+
+    world = dist.get_world_size()
+    codec = hipress.codec(algo)
+    payload = codec.encode(flat).copy()
+    enc_buf = np.empty(codec.max_payload_bytes(flat.size), np.uint8)
+    dec_buf = np.empty_like(flat)
+    enc = statistics.median(_timed(dist, lambda: codec.encode(flat, out=enc_buf), reset,
+                                   args.steps))
+    dec = statistics.median(_timed(dist, lambda: codec.decode(payload, flat.size, out=dec_buf),
+                                   reset, args.steps))
+    link = 2 * (world - 1) / world * payload.nbytes
+    bound = {"case": f"lower bound {algo}", "algorithm": algo, "topology": "-",
+             "encode_s": enc, "decode_s": dec, "payload_bytes": int(payload.nbytes),
+             "bytes_per_rank": link, "seconds": enc + dec + link / link_Bps}
+    rows = [bound]
+    if args.naive:
+        times = _timed(dist, lambda: _naive_step(dist, codec, tensors), reset, args.steps)
+        rows.append({"case": f"naive {algo}", "algorithm": algo, "topology": "allgather",
+                     "seconds": statistics.median(times)})
+        say(f"naive {algo}: {rows[-1]['seconds']:.3f} s")
+    for topo in args.topologies:
+        sync = Synchronizer(algo, topo, timeout=600)
+        sent0 = sync.transport.bytes_sent
+
+        def step(sync: Synchronizer = sync) -> None:
+            for i, t in enumerate(tensors):
+                sync.submit(f"t{i}", t)
+            sync.synchronize()
+
+        times = _timed(dist, step, reset, args.steps)
+        rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,
+                     "seconds": statistics.median(times), "all_seconds": times,
+                     "bytes_per_rank": (sync.transport.bytes_sent - sent0) / (args.steps + 1)})
+        sync.close()
+        say(f"casync {algo} {topo}: {rows[-1]['seconds']:.3f} s")
+    say(f"lower bound {algo}: {bound['seconds']:.3f} s (encode {enc * 1e3:.0f} ms, "
+        f"decode {dec * 1e3:.0f} ms)")
+    return rows
+
+
+def worker(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from casync.models import profile
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    tensors_np = _gradients(profile(args.profile), rank)
+    originals = [t.copy() for t in tensors_np]
+    tensors = [torch.from_numpy(t) for t in tensors_np]
+    flat = np.concatenate(originals)
+
+    def reset() -> None:
+        for t, o in zip(tensors_np, originals, strict=True):
+            np.copyto(t, o)
+
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"profile": args.profile, "world": world,
+                              "elements": int(flat.size), "network": args.network,
+                              "rate": args.bandwidth, "host": platform.node(), "rows": rows}
+    if world > 1:
+        result["link_Bps"] = _link_rate(dist, rank)
+        say(f"link rate rank 0 -> 1: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
+        if args.probe:
+            result["probe"] = _probe(dist, rank)
+            say(f"transport probe: {result['probe']}")
+
+    times = _timed(dist, lambda: _allreduce_step(dist, tensors), reset, args.steps)
+    rows.append({"case": "allreduce", "algorithm": "none", "topology": "gloo",
+                 "seconds": statistics.median(times),
+                 "bytes_per_rank": 2 * (world - 1) / world * flat.nbytes})
+    say(f"allreduce: {rows[-1]['seconds']:.3f} s")
+    for algo in args.algorithms:
+        rows += _bench_algorithm(dist, args, algo, tensors, flat, reset,
+                                 result.get("link_Bps", float("inf")), say)
+    if rank == 0:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+# ------------------------------------------------------------------------ orchestrator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def report(result: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = result["rows"]
+    base = next(r["seconds"] for r in rows if r["case"] == "allreduce")
+    naive = {r["algorithm"]: r["seconds"] for r in rows if r["case"].startswith("naive")}
+    bound = {r["algorithm"]: r["seconds"] for r in rows if r["case"].startswith("lower")}
+    rate = result.get("link_Bps", 0) * 8 / 1e9
+    table = Table(title=f"{result['profile']} ({result['elements']:,} floats), "
+                        f"{result['world']} ranks, {result['network']} network, "
+                        f"link {rate:.2f} Gbit/s measured")
+    for col in ("case", "sync ms", "vs allreduce", "vs naive", "/ lower bound", "MB/rank"):
+        table.add_column(col, justify="left" if col == "case" else "right")
+    for r in rows:
+        algo = r["algorithm"]
+        casync = r["case"].startswith("casync")
+        table.add_row(
+            r["case"], f"{r['seconds'] * 1e3:.1f}", f"{base / r['seconds']:.1f}x",
+            f"{naive[algo] / r['seconds']:.1f}x" if casync and algo in naive else "-",
+            f"{r['seconds'] / bound[algo]:.2f}" if casync and algo in bound else "-",
+            f"{r['bytes_per_rank'] / 1e6:.1f}" if "bytes_per_rank" in r else "-")
+    Console().print(table)
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    names = [r["case"] for r in rows]
+    colors = ["grey" if n == "allreduce" else "tab:green" if n.startswith("lower")
+              else "tab:orange" if n.startswith("naive") else "tab:blue" for n in names]
+    ax.barh(names, [r["seconds"] * 1e3 for r in rows], color=colors)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("sync time per step, ms (log)")
+    ax.set_title(f"{result['profile']}, {result['world']} ranks, {result['network']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
+    cores = os.cpu_count() or 1
+    hosts_cm = shaped(args.ranks, args.bandwidth) if args.network == "shaped" \
+        else loopback(args.ranks)
+    port = _free_port()
+    with hosts_cm as hosts:
+        procs = []
+        for rank, host in enumerate(hosts):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks),
+                       LOCAL_RANK=str(rank), MASTER_ADDR=hosts[0].addr, MASTER_PORT=str(port),
+                       GLOO_SOCKET_IFNAME=host.ifname, PYTHONPATH=str(HERE.parent),
+                       HIPRESS_THREADS=str(max(1, cores // args.ranks)))
+            procs.append(subprocess.Popen([*host.prefix, sys.executable, __file__, *argv],
+                                          env=env))
+        codes = [p.wait() for p in procs]
+    if any(codes):
+        print(f"ranks exited with {codes}", file=sys.stderr)
+        return 1
+    report(json.loads(args.out.read_text()), args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="hipress bench sync", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4, help="local ranks to start")
+    parser.add_argument("--profile", default="resnet50",
+                        help="gradient profile: resnet50, vgg19, bert-base")
+    parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
+    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"])
+    parser.add_argument("--steps", type=int, default=3, help="timed steps after a warm-up")
+    parser.add_argument("--network", choices=["loopback", "shaped"], default="loopback")
+    parser.add_argument("--bandwidth", default="1gbit", help="shaped link rate (tc syntax)")
+    parser.add_argument("--no-naive", dest="naive", action="store_false",
+                        help="skip the naive baseline")
+    parser.add_argument("--probe", action="store_true",
+                        help="also measure one worst-case message against a size exchange")
+    parser.add_argument("--out", type=Path, default=RESULTS / "sync.json")
+    args = parser.parse_args(argv)
+    parse_rate(args.bandwidth)
+    if "RANK" in os.environ:
+        return worker(args)
+    return orchestrate(args, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
