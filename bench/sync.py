@@ -213,7 +213,8 @@ def worker(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
     say = print if rank == 0 else (lambda *a, **k: None)
-    tensors_np = _gradients(profile(args.profile), rank)
+    sizes = [(name, max(1, int(n * args.scale))) for name, n in profile(args.profile)]
+    tensors_np = _gradients(sizes, rank)
     originals = [t.copy() for t in tensors_np]
     tensors = [torch.from_numpy(t) for t in tensors_np]
     flat = np.concatenate(originals)
@@ -225,7 +226,8 @@ def worker(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"profile": args.profile, "world": world,
                               "elements": int(flat.size), "network": args.network,
-                              "rate": args.bandwidth, "host": platform.node(), "rows": rows}
+                              "rate": args.bandwidth, "scale": args.scale,
+                              "host": platform.node(), "rows": rows}
     if world > 1:
         result["link_Bps"] = _link_rate(dist, rank)
         say(f"link rate rank 0 -> 1: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
@@ -280,7 +282,7 @@ def report(result: dict[str, Any], out: Path) -> None:
             f"{naive[algo] / r['seconds']:.1f}x" if casync and algo in naive else "-",
             f"{r['seconds'] / bound[algo]:.2f}" if casync and algo in bound else "-",
             f"{r['bytes_per_rank'] / 1e6:.1f}" if "bytes_per_rank" in r else "-")
-    Console().print(table)
+    Console(width=110).print(table)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
@@ -337,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
     parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"])
     parser.add_argument("--steps", type=int, default=3, help="timed steps after a warm-up")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every tensor size (e.g. 0.01 for a quick check)")
     parser.add_argument("--network", choices=["loopback", "shaped"], default="loopback")
     parser.add_argument("--bandwidth", default="1gbit", help="shaped link rate (tc syntax)")
     parser.add_argument("--no-naive", dest="naive", action="store_false",

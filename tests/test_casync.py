@@ -235,3 +235,26 @@ def test_encode_of_a_later_partition_overlaps_earlier_communication(tmp_path, to
     overlapped = [(p, q) for p, (c0, c1) in comm.items() for q, e0, e1 in encodes
                   if int(q[1:]) > int(p[1:]) and e0 < c1 and e1 > c0]
     assert overlapped, f"no encode ran while an earlier partition communicated: {trace}"
+
+
+@pytest.mark.parallel
+def test_sync_benchmark_runs_end_to_end(tmp_path):
+    """`hipress bench sync` on 2 loopback ranks with a shrunken ResNet-50 profile."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "sync.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hipress.cli", "bench", "sync", "--ranks", "2", "--scale",
+         "0.01", "--steps", "1", "--algorithms", "onebit", "--topologies", "ps", "ring",
+         "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    cases = {r["case"]: r for r in result["rows"]}
+    assert {"allreduce", "lower bound onebit", "naive onebit", "casync onebit ps",
+            "casync onebit ring"} <= set(cases)
+    assert all(r["seconds"] > 0 for r in result["rows"])
+    # onebit sends 1/32 of the floats plus headers: far less than the allreduce moves
+    assert cases["casync onebit ps"]["bytes_per_rank"] < cases["allreduce"]["bytes_per_rank"] / 8
+    assert "vs allreduce" in proc.stdout and out.with_suffix(".png").exists()
