@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from casync.transport import parse_rate
+
 __all__ = ["Host", "loopback", "shaped", "parse_rate"]
 
 
@@ -24,16 +26,6 @@ class Host:
     prefix: tuple[str, ...]
     addr: str
     ifname: str
-
-
-def parse_rate(text: str) -> float:
-    """Bits per second of a tc-style rate such as ``1gbit``, ``500mbit`` or ``10gbit``."""
-    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
-    low = text.strip().lower()
-    for unit, scale in units.items():
-        if low.endswith(unit):
-            return float(low[: -len(unit)]) * scale
-    raise ValueError(f"rate {text!r} must end in bit, kbit, mbit or gbit (e.g. 1gbit)")
 
 
 @contextmanager

@@ -63,6 +63,7 @@ class Graph:
         self.remaining = 0
         self.on_done: Callable[[], None] | None = None
         self.on_error: Callable[[BaseException], None] | None = None
+        self.finished = threading.Event()  # set when done or failed
 
     def task(self, name: str, lane: str, prio: tuple[int, ...], run: Callable[[], Any] | None,
              deps: tuple[Task | None, ...] = (), handle: Handle | None = None) -> Task:
@@ -222,6 +223,7 @@ class Executor:
         with self._cv:
             self._live.discard(graph)
             self._cv.notify_all()
+        graph.finished.set()
 
     def _fail(self, error: SyncError) -> None:
         if self.error is None and self.explain is not None:
@@ -235,6 +237,7 @@ class Executor:
         for graph in live:
             if graph.on_error is not None:
                 graph.on_error(self.error)
+            graph.finished.set()
 
     def _record(self, lane: str, task: Task, start: float) -> None:
         if self.trace is not None:

@@ -138,16 +138,15 @@ def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
             _decode(graph, ctx, f"p{p}/decode", (p, 4), result, x, False, 1.0 / world,
                     (t_recv, t_send))
             continue
-        # The aggregator adds its own partition as is: no encode round trip.
-        acc = ctx.scratch(("acc", p), x.size, np.float32)
-        t_prev = graph.task(f"p{p}/own", "compute", (p, 0),
-                            partial(np.copyto, acc, x))
+        # The aggregator merges into its own values as they are (no encode round trip);
+        # they are read nowhere else, and the final decode overwrites them.
+        t_prev: Task | None = None
         for src in range(world):
             if src != rank:
                 t_recv, theirs = _recv(graph, ctx, f"p{p}/recv{src}", (p, 1), cap, src, up)
-                t_prev = _decode(graph, ctx, f"p{p}/merge{src}", (p, 2), theirs, acc, True,
+                t_prev = _decode(graph, ctx, f"p{p}/merge{src}", (p, 2), theirs, x, True,
                                  None, (t_prev, t_recv))
-        t_enc, total = _encode(graph, ctx, f"p{p}/reencode", (p, 2), acc,
+        t_enc, total = _encode(graph, ctx, f"p{p}/reencode", (p, 2), x,
                                (p, "aggregator"), (t_prev,))
         for dst in range(world):
             if dst != rank:
@@ -180,14 +179,12 @@ def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
             t_recv, incoming = _recv(graph, ctx, f"p{p}/rs-recv{h}", (p, 2 * h + 1),
                                     codec.max_payload_bytes(chunks[c].size), left,
                                     ctx.tag_of(p, h, per))
-            acc = ctx.scratch(("acc", p, h), chunks[c].size, np.float32)
-            t_copy = graph.task(f"p{p}/rs-copy{h}", "compute", (p, 2 * h + 2),
-                                partial(np.copyto, acc, chunks[c]), (t_last,))
-            t_merge = _decode(graph, ctx, f"p{p}/rs-merge{h}", (p, 2 * h + 2), incoming, acc,
-                              True, None, (t_copy, t_recv))
+            # Chunk c is read at this hop only; merge into it (final decodes overwrite it).
+            t_merge = _decode(graph, ctx, f"p{p}/rs-merge{h}", (p, 2 * h + 2), incoming,
+                              chunks[c], True, None, (t_last, t_recv))
             site = (p, "owner") if h == world - 2 else (p, "hop", c)
             t_last, payload = _encode(graph, ctx, f"p{p}/rs-encode{h}", (p, 2 * h + 2),
-                                      acc, site, (t_merge,))
+                                      chunks[c], site, (t_merge,))
             name = f"p{p}/rs-send{h + 1}" if h < world - 2 else f"p{p}/ag-send0"
             _send(graph, ctx, name, (p, 2 * h + 3), payload, right,
                   ctx.tag_of(p, h + 1, per), (t_last,))

@@ -146,6 +146,7 @@ class Synchronizer:
         self._names: set[str] = set()
         self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
+        self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, np.ndarray] = {}
         self._graphs = 0
         self.algorithm = None if algorithm in (None, "none") else algorithm
@@ -230,6 +231,7 @@ class Synchronizer:
                               "call synchronize() to finish the step first")
         buf, write_back = _stage(tensor)
         if not self._names:
+            self._settle()
             self.health.progress(self.step)
         entry = _Entry(name, tensor, buf, write_back, _future())
         self._names.add(name)
@@ -263,18 +265,36 @@ class Synchronizer:
         Raises:
             SyncError: a peer died, stalled past the timeout or sent bad data.
         """
+        self.end_step()
+        self._settle()
+
+    def end_step(self) -> None:
+        """Close the step without waiting: send the last bucket and advance the step.
+
+        For callers that wait on the futures themselves (the DDP comm hook). The next
+        step's first ``submit`` makes sure this step's sends have left before their
+        buffers are reused.
+        """
         self.flush()
-        self.executor.wait_idle()
-        graphs, self._step_graphs = self._step_graphs, []
+        self._previous.extend(self._step_graphs)
+        self._step_graphs = []
+        self._names.clear()
+        self._load = [0] * self.size
+        self.step += 1
+
+    def _settle(self) -> None:
+        """Wait until earlier steps' graphs finished and their sends completed."""
+        graphs, self._previous = self._previous, []
+        for graph in graphs:
+            graph.finished.wait()
+        if self.executor.error is not None:
+            raise self.executor.error
         for handle in (h for g in graphs for h in g.sends):
             try:
                 self.transport.wait(handle, self.timeout)
             except BaseException as exc:  # noqa: BLE001
-                raise SyncError(f"step {self.step}: a send to rank {handle.peer} did not "
+                raise SyncError(f"step {self.step - 1}: a send to rank {handle.peer} did not "
                                 f"complete within {self.timeout:g} s: {exc}") from exc
-        self._names.clear()
-        self._load = [0] * self.size
-        self.step += 1
 
     def close(self) -> None:
         """Stop the engine's threads (the process group stays up)."""

@@ -9,7 +9,11 @@ exchange. Large worst-case buffers cost nothing until written: the pages are unt
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,23 +21,83 @@ import numpy as np
 
 from hipress.errors import ConfigError
 
-__all__ = ["Handle", "Transport", "tag_space"]
+__all__ = ["Handle", "Transport", "tag_space", "parse_rate", "Pacer"]
 
 #: Tags are 31-bit; the engine allots consecutive tags per graph and wraps around.
 tag_space = 1 << 31
 
 
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc-style rate such as ``1gbit``, ``500mbit`` or ``10gbit``.
+
+    Example:
+        >>> parse_rate("1gbit")
+        1000000000.0
+    """
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    low = text.strip().lower()
+    for unit, scale in units.items():
+        if low.endswith(unit):
+            try:
+                value = float(low[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise ConfigError(f"rate {text!r} is not a positive number ending in bit, kbit, mbit or "
+                      "gbit (e.g. 1gbit)")
+
+
 class Handle:
     """One posted operation: what to wait on, with whom, and its buffer."""
 
-    __slots__ = ("work", "peer", "kind", "buffer", "posted")
+    __slots__ = ("work", "peer", "kind", "buffer", "posted", "ready")
 
-    def __init__(self, work: Any, peer: int, kind: str, buffer: np.ndarray) -> None:
+    def __init__(self, work: Any, peer: int, kind: str, buffer: np.ndarray,
+                 ready: threading.Event | None = None) -> None:
         self.work = work
         self.peer = peer
         self.kind = kind
         self.buffer = buffer
         self.posted = time.perf_counter()
+        self.ready = ready  # set once a paced operation is actually posted
+
+
+class Pacer:
+    """Software emulation of one rank's uplink at ``rate`` bits/s.
+
+    An operation of B bytes reserves the link for B/rate seconds after the previous
+    reservation and is posted when its last byte would have left, so peers receive it
+    when a real link of that rate would have delivered it. This is emulation (no
+    queueing or packet loss); ``hipress bench sync --network shaped`` uses real links.
+    """
+
+    def __init__(self, rate_bps: float) -> None:
+        self.rate = rate_bps / 8.0
+        self.free_at = 0.0
+        self._queue: deque[tuple[float, Callable[[], None]]] = deque()
+        self._cv = threading.Condition()
+        threading.Thread(target=self._run, name="casync-pacer", daemon=True).start()
+
+    def later(self, nbytes: int, post: Callable[[], None]) -> None:
+        """Run ``post`` when ``nbytes`` more bytes would have crossed the link."""
+        with self._cv:
+            start = max(time.monotonic(), self.free_at)
+            self.free_at = start + nbytes / self.rate
+            self._queue.append((self.free_at, post))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._queue))
+                due, post = self._queue[0]
+                delay = due - time.monotonic()
+                if delay > 0:
+                    self._cv.wait(delay)
+                    continue
+                self._queue.popleft()
+            post()
 
 
 def _torch_view(arr: np.ndarray) -> Any:
@@ -48,7 +112,12 @@ class Transport:
     Subclass and override ``isend``/``irecv``/``wait`` to instrument or pace traffic.
     """
 
-    def __init__(self, group: Any = None) -> None:
+    def __init__(self, group: Any = None, bandwidth: str | None = None) -> None:
+        """Args:
+            group: a Gloo process group (default: the world).
+            bandwidth: emulate an uplink of this rate (``"1gbit"``); default
+                ``HIPRESS_BANDWIDTH`` if set, else no pacing.
+        """
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
@@ -64,6 +133,22 @@ class Transport:
                               f"{backend!r}; create one with dist.new_group(backend='gloo')")
         self.bytes_sent = 0
         self.messages_sent = 0
+        bandwidth = bandwidth or os.environ.get("HIPRESS_BANDWIDTH") or None
+        self.pacer = Pacer(parse_rate(bandwidth)) if bandwidth else None
+
+    def _paced(self, nbytes: int, post: Callable[[], Any], peer: int, kind: str,
+               buffer: np.ndarray) -> Handle:
+        if self.pacer is None:
+            return Handle(post(), peer, kind, buffer)
+        handle = Handle(None, peer, kind, buffer, threading.Event())
+
+        def run() -> None:
+            handle.work = post()
+            assert handle.ready is not None
+            handle.ready.set()
+
+        self.pacer.later(nbytes, run)
+        return handle
 
     def _global(self, peer: int) -> int:
         if self.group is None:
@@ -72,10 +157,10 @@ class Transport:
 
     def isend(self, payload: np.ndarray, dst: int, tag: int) -> Handle:
         """Post a send of ``payload`` (contiguous uint8) to group rank ``dst``."""
-        work = self.dist.isend(_torch_view(payload), self._global(dst), self.group, tag)
         self.bytes_sent += payload.nbytes
         self.messages_sent += 1
-        return Handle(work, dst, "send", payload)
+        return self._paced(payload.nbytes, lambda: self.dist.isend(
+            _torch_view(payload), self._global(dst), self.group, tag), dst, "send", payload)
 
     def irecv(self, capacity: int, src: int, tag: int,
               buffer: np.ndarray | None = None) -> Handle:
@@ -88,10 +173,15 @@ class Transport:
 
     def allreduce(self, data: np.ndarray) -> Handle:
         """Post an in-place sum of a contiguous float32 buffer over the group."""
-        work = self.dist.all_reduce(_torch_view(data), group=self.group, async_op=True)
-        self.bytes_sent += 2 * data.nbytes * (self.size - 1) // max(self.size, 1)
-        return Handle(work, -1, "allreduce", data)
+        nbytes = 2 * data.nbytes * (self.size - 1) // max(self.size, 1)
+        self.bytes_sent += nbytes
+        return self._paced(nbytes, lambda: self.dist.all_reduce(
+            _torch_view(data), group=self.group, async_op=True), -1, "allreduce", data)
 
     def wait(self, handle: Handle, timeout: float) -> None:
         """Block until ``handle`` completes; raises the backend's error on failure."""
-        handle.work.wait(timedelta(seconds=max(timeout, 0.001)))
+        deadline = time.monotonic() + timeout
+        if handle.ready is not None and not handle.ready.wait(timeout):
+            raise TimeoutError(f"a paced {handle.kind} was not posted within {timeout:g} s "
+                               "(timed out)")
+        handle.work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))

@@ -82,9 +82,20 @@ def _param(text: str) -> tuple[str, object]:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_roundtrip_demo
+    from .demo import run_roundtrip_demo, run_training_demo
 
-    return run_roundtrip_demo(args.size, args.seed)
+    if args.codecs:
+        return run_roundtrip_demo(args.size, args.seed)
+    return run_training_demo(args.ranks, args.bandwidth, args.algorithm, args.epochs,
+                             args.width, args.batch, args.lr, args.shaped)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .launcher import run
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return run(args.np, command, args.nnodes, args.node_rank, args.master_addr,
+               args.master_port, args.algorithm, args.bandwidth, args.timeout)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -118,14 +129,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="DIR", help="copy the source and library here")
     p.set_defaults(func=_cmd_compile)
 
+    p = sub.add_parser("run", help="start a job on N ranks per node (torchrun underneath)")
+    p.add_argument("-np", "--nproc", dest="np", type=int, required=True,
+                   help="ranks on this node")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--master-addr", help="address of node 0 (multi-node)")
+    p.add_argument("--master-port", type=int, default=29500)
+    p.add_argument("--algorithm", help="default compression algorithm (HIPRESS_ALGORITHM)")
+    p.add_argument("--bandwidth", help="software-paced uplink per rank, e.g. 1gbit")
+    p.add_argument("--timeout", type=float, help="seconds before a silent peer is an error")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ...",
+                   help="a .py script with its arguments, or any command")
+    p.set_defaults(func=_cmd_run)
+
     p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels, sync)")
     p.add_argument("which", choices=["kernels", "sync"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
 
-    p = sub.add_parser("demo", help="round-trip every algorithm and print what it achieves")
-    p.add_argument("--size", type=int, default=1 << 20, help="elements per tensor")
-    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then HiPress")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--bandwidth", default="1gbit", help="link rate per rank")
+    p.add_argument("--algorithm", default="onebit")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--width", type=int, default=2048, help="MLP hidden width")
+    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--shaped", action="store_true",
+                   help="real tc-shaped links in network namespaces (root) instead of pacing")
+    p.add_argument("--codecs", action="store_true",
+                   help="instead: round-trip every algorithm on one gradient")
+    p.add_argument("--size", type=int, default=1 << 20, help="--codecs: elements")
+    p.add_argument("--seed", type=int, default=0, help="--codecs: data seed")
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -1,16 +1,21 @@
-"""``hipress demo``: what every shipped algorithm achieves on one gradient."""
+"""``hipress demo``: DDP against HiPress on 4 local ranks; ``--codecs``: every algorithm
+round-tripping one gradient."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from .codec import algorithms, codec
+from .errors import ConfigError
 
-__all__ = ["run_roundtrip_demo"]
+__all__ = ["run_roundtrip_demo", "run_training_demo"]
 
 
 def run_roundtrip_demo(size: int, seed: int) -> int:
@@ -59,3 +64,106 @@ def run_roundtrip_demo(size: int, seed: int) -> int:
         f"Unbiased by declaration: {', '.join(unbiased)}; the others rely on error feedback."
     )
     return 0
+
+
+def _repo_file(*parts: str) -> Path:
+    path = Path(__file__).resolve().parent.parent.joinpath(*parts)
+    if not path.exists():
+        raise ConfigError(f"{path} is missing: the training demo runs from a clone of the "
+                          "HiPress repository (make demo)")
+    return path
+
+
+def _run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
+    """One torchrun agent per network namespace, each link shaped with tc (root only)."""
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(_repo_file("bench").parent))
+    from bench.hosts import shaped
+
+    from .launcher import torchrun_command
+
+    with shaped(ranks, bandwidth) as hosts:
+        procs = []
+        for node, host in enumerate(hosts):
+            cmd = torchrun_command(1, args, nnodes=ranks, node_rank=node,
+                                   master_addr=hosts[0].addr, master_port=29531)
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname,
+                       HIPRESS_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
+            env.pop("HIPRESS_BANDWIDTH", None)
+            procs.append(subprocess.Popen([*host.prefix, *cmd], env=env))
+        return max(abs(p.wait()) for p in procs)
+
+
+def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str = "onebit",
+                      epochs: int = 2, width: int = 2048, batch: int = 16, lr: float = 0.05,
+                      shaped: bool = False, out: Path | None = None) -> int:
+    """Train examples/torch_train.py twice — plain DDP, then HiPress — and compare.
+
+    Both runs use the same ranks, model, data and link: a software-paced uplink of
+    ``bandwidth`` per rank (emulation), or with ``shaped`` real namespaces and tc links.
+    """
+    from casync.transport import parse_rate
+
+    from .launcher import run
+
+    parse_rate(bandwidth)
+    console = Console(width=max(Console().width, 100))
+    script = _repo_file("examples", "torch_train.py")
+    out = out or _repo_file("bench") / "results" / "demo"
+    out.mkdir(parents=True, exist_ok=True)
+    link = (f"{bandwidth} per rank, shaped with tc in network namespaces" if shaped else
+            f"{bandwidth} per rank, software-paced in the transport (emulation)")
+    console.rule("[bold]HiPress demo")
+    console.print(f"{ranks} local ranks train a {width}-wide MLP on scikit-learn's digits "
+                  f"for {epochs} epochs, {batch} samples per rank per step.\nLink: {link}.")
+    runs = [("plain DDP", ["--sync", "ddp"]),
+            (f"HiPress {algorithm} (CaSync)", ["--sync", "hook", "--algorithm", algorithm])]
+    results = []
+    for label, extra in runs:
+        console.print(f"\n[bold]{label}[/bold]")
+        log = out / (extra[1] + ".json")
+        log.unlink(missing_ok=True)
+        args = [str(script), *extra, "--epochs", str(epochs), "--width", str(width),
+                "--batch", str(batch), "--lr", str(lr), "--metrics", str(log)]
+        code = _run_shaped(ranks, bandwidth, args) if shaped else \
+            run(ranks, args, bandwidth=bandwidth)
+        if code != 0 or not log.exists():
+            console.print(f"[red]{label} failed (exit code {code})")
+            return 1
+        results.append((label, json.loads(log.read_text())))
+
+    base = results[0][1]["samples_per_s"]
+    table = Table(title=f"{ranks} ranks, {results[0][1]['params']:,} parameters, {link}")
+    for col in ("run", "samples/s", "speedup", "MB sent/step/rank", "final loss",
+                "accuracy", "replicas identical"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for label, r in results:
+        table.add_row(label, f"{r['samples_per_s']:.0f}", f"{r['samples_per_s'] / base:.2f}x",
+                      f"{r['bytes_per_step'] / 1e6:.2f}", f"{r['final_loss']:.3f}",
+                      f"{r['accuracy']:.3f}", "yes" if r["replicas_identical"] else "NO")
+    console.print()
+    console.print(table)
+    plot = out / "loss.png"
+    _plot_losses(results, plot)
+    console.print(f"loss against wall-clock time: {plot}")
+    return 0
+
+
+def _plot_losses(results: list[tuple[str, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, r in results:
+        t, loss = zip(*r["losses"], strict=True)
+        ax.plot(t, loss, label=f"{label}: {r['samples_per_s']:.0f} samples/s")
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("training loss (rank 0)")
+    ax.set_title("same model, data and link")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

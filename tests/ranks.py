@@ -202,7 +202,8 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return {"trace": sync.executor.trace}
 
 
-SCENARIOS = {f.__name__: f for f in (strategies, feedback, fault, mismatch, pipeline)}
+SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault, mismatch,
+                                                     pipeline)}
 
 
 def main() -> None:
@@ -214,6 +215,132 @@ def main() -> None:
     # Skip process-group teardown: a dead peer must not turn a report into a hang.
     sys.stdout.flush()
     os._exit(0)
+
+
+
+# ------------------------------------------------------------------ torch plugin scenarios
+
+
+def _digits() -> tuple[Any, Any]:
+    import torch
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (torch.from_numpy((d.data / 16.0).astype(np.float32)),
+            torch.from_numpy(d.target.astype(np.int64)))
+
+
+def _mlp(width: int) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
+
+
+def _train(model: Any, opt: Any, x: Any, y: Any, rank: int, world: int, steps: int,
+           batch: int = 32, accumulate: int = 1, ddp: Any = None) -> list[float]:
+    import contextlib
+
+    import torch
+
+    losses = []
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        opt.zero_grad()
+        for micro in range(accumulate):
+            idx = torch.randint(0, len(x), (batch,), generator=gen)
+            quiet = ddp.no_sync() if ddp is not None and micro < accumulate - 1 \
+                else contextlib.nullcontext()
+            with quiet:
+                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _digest(model: Any) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """DDP comm hook and DistributedOptimizer, 20 steps per algorithm; digests and losses."""
+    import hipress.torch as hp
+    import torch
+    from torch import nn
+
+    hp.init()
+    world = hp.size()
+    x, y = _digits()
+    report: dict[str, Any] = {}
+    arrays = {}
+    for mode in args["modes"]:
+        for algo in args["algos"]:
+            if mode == "ddp" and algo != "none":
+                continue
+            model = _mlp(args.get("width", 128))
+            opt: Any = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            ddp = None
+            if mode == "hook":
+                ddp = nn.parallel.DistributedDataParallel(model)
+                ddp.register_comm_hook(hp.HookState(algorithm=algo, min_compress=1024),
+                                       hp.comm_hook)
+                net = ddp
+            elif mode == "ddp":  # torch's own allreduce: the reference for "none"
+                ddp = nn.parallel.DistributedDataParallel(model)
+                net = ddp
+            else:
+                opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                              algorithm=algo, min_compress=1024,
+                                              backward_passes_per_step=args.get("passes", 1))
+                net = model
+            if args.get("bf16"):
+                net = net.to(torch.bfloat16)
+                model = model.to(torch.bfloat16)
+                x = x.to(torch.bfloat16)
+            losses = _train(net, opt, x, y, rank, world, args.get("steps", 20),
+                            accumulate=args.get("passes", 1), ddp=ddp)
+            key = f"{mode}/{algo}"
+            report[key] = {"digest": _digest(model.float()), "losses": losses}
+            flat = torch.cat([p.detach().float().reshape(-1) for p in model.parameters()])
+            arrays[key] = flat.numpy()
+    np.savez(out / f"rank{rank}.npz", **arrays)
+    return report
+
+
+def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """What DistributedOptimizer says when zero_grad or backward come at the wrong time."""
+    import hipress.torch as hp
+    import torch
+
+    hp.init()
+    x, y = _digits()
+    model = _mlp(16)
+    opt = hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), algorithm="onebit")
+    messages = {}
+    loss = torch.nn.functional.cross_entropy(model(x[:8]), y[:8])
+    loss.backward()
+    try:
+        opt.zero_grad()
+    except Exception as exc:  # noqa: BLE001
+        messages["zero_grad"] = f"{type(exc).__name__}: {exc}"
+    try:
+        torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+    except Exception as exc:  # noqa: BLE001
+        messages["backward"] = f"{type(exc).__name__}: {exc}"
+    opt.step()
+    return messages
+
+
+SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse)})
 
 
 if __name__ == "__main__":

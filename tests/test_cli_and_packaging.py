@@ -44,7 +44,7 @@ def test_config_errors_exit_2(capsys):
 
 
 def test_demo_prints_measured_rows(capsys):
-    assert main(["demo", "--size", "5000"]) == 0
+    assert main(["demo", "--codecs", "--size", "5000"]) == 0
     out = capsys.readouterr().out
     for name in hipress.algorithms():
         assert name in out

@@ -1,11 +1,35 @@
-"""HiPress for PyTorch (``import hipress.torch as hp``).
+"""HiPress for PyTorch: ``import hipress.torch as hp``.
 
-The plugin API (``init``, ``HookState``, ``comm_hook``, ``DistributedOptimizer``) is
-built on top of CaSync; this module checks that PyTorch itself is importable.
+    hp.init()
+    ddp.register_comm_hook(hp.HookState(algorithm="onebit"), hp.comm_hook)
+    # or, without DDP:
+    opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                  algorithm="dgc")
+    hp.broadcast_parameters(model.state_dict(), root_rank=0)
+
+The same names exist in ``hipress.tensorflow`` and ``hipress.mxnet``.
 """
 
 from hipress._plugin import require_framework
 
 torch = require_framework("torch", "torch", "pip install 'torch==2.13.*'")
 
-__all__: list[str] = []
+from hipress.distributed import (  # noqa: E402
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+from .functions import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
+from .hooks import HookState, comm_hook  # noqa: E402
+from .optimizer import DistributedOptimizer  # noqa: E402
+
+__all__ = [
+    "init", "is_initialized", "rank", "size", "local_rank", "local_size", "shutdown",
+    "HookState", "comm_hook", "DistributedOptimizer", "broadcast_parameters",
+    "broadcast_optimizer_state",
+]

@@ -1,0 +1,174 @@
+"""Train a wide MLP on scikit-learn's digits with data parallelism and HiPress.
+
+    hipress run -np 4 examples/torch_train.py --algorithm onebit --epochs 3
+    hipress run -np 4 examples/torch_train.py --sync ddp            # plain DDP
+
+--sync picks how gradients are averaged:
+  hook       DDP with hipress.torch's comm hook (CaSync, --algorithm)     [default]
+  optimizer  hipress.torch.DistributedOptimizer, no DDP (--algorithm)
+  ddp        plain DDP allreduce
+  powersgd   DDP with torch's PowerSGD hook (rank 1)
+  fp16       DDP with torch's fp16 compression hook
+--bandwidth 1gbit paces this rank's uplink in software (emulation); plain DDP then runs
+its allreduce through the same paced transport so the comparison is fair. torch's own
+hooks cannot be paced: use real shaped links for them (hipress bench train --network shaped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import hipress.torch as hp
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def load_digits_split(seed: int = 0) -> tuple[np.ndarray, ...]:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(0.8 * len(x))
+    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
+
+
+def make_model(width: int) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
+
+
+def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
+                                                             object]:
+    """The model and optimizer for --sync, plus whatever reports bytes sent."""
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.sync == "optimizer":
+        opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      algorithm=args.algorithm)
+        return model, opt, opt._sync  # type: ignore[attr-defined]
+    ddp = nn.parallel.DistributedDataParallel(model)
+    if args.sync == "hook" or (args.sync == "ddp" and args.bandwidth):
+        state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none")
+        ddp.register_comm_hook(state, hp.comm_hook)
+        return ddp, opt, state
+    if args.sync == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
+
+        ddp.register_comm_hook(ps.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                                start_powerSGD_iter=2), ps.powerSGD_hook)
+    elif args.sync == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    return ddp, opt, None
+
+
+def bytes_sent(reporter: object) -> int:
+    if reporter is None:
+        return 0
+    if hasattr(reporter, "bytes_sent"):
+        return int(reporter.bytes_sent)  # HookState
+    return int(reporter.transport.bytes_sent)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sync", default="hook",
+                        choices=["hook", "optimizer", "ddp", "powersgd", "fp16"])
+    parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM", "onebit"))
+    parser.add_argument("--width", type=int, default=2048, help="hidden width (params ~ w^2)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
+    parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--bandwidth", default=os.environ.get("HIPRESS_BANDWIDTH"),
+                        help="emulate this uplink rate per rank, e.g. 1gbit")
+    parser.add_argument("--metrics", type=Path,
+                        help="rank 0 writes its measurements here (JSON)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args()
+    if args.bandwidth:
+        os.environ["HIPRESS_BANDWIDTH"] = args.bandwidth
+        if args.sync in ("powersgd", "fp16"):
+            parser.error(f"--sync {args.sync} talks to torch.distributed directly and cannot be "
+                         "paced; use real shaped links instead of --bandwidth")
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get(
+        "LOCAL_WORLD_SIZE", "1"))))
+
+    hp.init()
+    rank, world = hp.rank(), hp.size()
+    xtr, ytr, xte, yte = load_digits_split()
+    model, opt, reporter = wrap(make_model(args.width), args)
+    hp.broadcast_parameters(model.state_dict(), root_rank=0)
+    params = sum(p.numel() for p in model.parameters())
+    loss_fn = nn.CrossEntropyLoss()
+    steps_per_epoch = len(xtr) // (args.batch * world)
+    total = args.steps if args.steps else steps_per_epoch * args.epochs
+    losses: list[tuple[float, float]] = []
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    label = f"{args.sync} {args.algorithm}" if args.sync in ("hook", "optimizer") else args.sync
+    progress = Progress(TextColumn(f"[bold]{label}"),
+                        BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                        TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
+                        disable=rank != 0 or args.quiet)
+    dist.barrier()
+    start = time.perf_counter()
+    sent0 = bytes_sent(reporter)
+    step = 0
+    with progress:
+        task = progress.add_task("train", total=total, loss=float("nan"))
+        epoch = 0
+        while step < total:
+            order = np.random.default_rng(1000 + epoch).permutation(len(xtr))[rank::world]
+            epoch += 1
+            for i in range(steps_per_epoch):
+                if step >= total:
+                    break
+                idx = order[i * args.batch:(i + 1) * args.batch]
+                xb, yb = torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
+                opt.zero_grad()
+                loss = loss_fn(model(xb), yb)
+                loss.backward()
+                opt.step()
+                step += 1
+                losses.append((time.perf_counter() - start, loss.item()))
+                progress.update(task, advance=1, loss=losses[-1][1])
+    dist.barrier()
+    elapsed = time.perf_counter() - start
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean())
+    # Replicas must agree: compare a checksum of the parameters across ranks.
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    sums = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(sums, torch.tensor([float(flat.double().sum()),
+                                        float(flat.double().abs().sum())], dtype=torch.float64))
+    identical = all(torch.equal(s, sums[0]) for s in sums)
+    result = {"sync": args.sync, "algorithm": args.algorithm, "world": world,
+              "params": int(params), "steps": step, "seconds": elapsed,
+              "samples_per_s": step * args.batch * world / elapsed,
+              "bytes_per_step": (bytes_sent(reporter) - sent0) / max(step, 1),
+              "accuracy": accuracy, "final_loss": losses[-1][1] if losses else None,
+              "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses}
+    if rank == 0:
+        print(f"{label}: {step} steps in {elapsed:.1f} s, "
+              f"{result['samples_per_s']:.0f} samples/s, accuracy {accuracy:.3f}, "
+              f"replicas identical: {identical}")
+        if args.metrics:
+            args.metrics.parent.mkdir(parents=True, exist_ok=True)
+            args.metrics.write_text(json.dumps(result))
+    hp.shutdown()
+
+
+if __name__ == "__main__":
+    main()

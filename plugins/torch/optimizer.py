@@ -1,0 +1,122 @@
+"""``DistributedOptimizer``: synchronize gradients during backward, without DDP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from hipress import distributed as core
+from hipress.errors import ConfigError
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed into the user's optimizer class (Horovod's pattern)."""
+
+    def __init__(self, params: Any, named_parameters: list[tuple[str, torch.Tensor]],
+                 algorithm: str, backward_passes_per_step: int, options: dict[str, Any]) -> None:
+        super(self.__class__, self).__init__(params)  # type: ignore[misc]
+        if backward_passes_per_step < 1:
+            raise ValueError("backward_passes_per_step must be at least 1")
+        self._passes = backward_passes_per_step
+        names = [name for name, _ in named_parameters]
+        if len(set(names)) != len(names):
+            dups = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"named_parameters has duplicate names {dups}; pass "
+                             "model.named_parameters() so every parameter has its own name")
+        self._names = {p: name for name, p in named_parameters}
+        unnamed = [p for g in self.param_groups for p in g["params"] if p not in self._names]
+        if unnamed:
+            raise ValueError(f"{len(unnamed)} optimized parameters are missing from "
+                             "named_parameters; pass model.named_parameters() for the same "
+                             "model the optimizer updates")
+        if not core.is_initialized():
+            core.init()
+        self._sync = core.synchronizer(algorithm, **options)
+        self._counts: dict[torch.Tensor, int] = {}
+        self._submitted: set[torch.Tensor] = set()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        if p in self._submitted:
+            raise ConfigError(
+                f"the gradient of {self._names[p]!r} was computed more than "
+                f"backward_passes_per_step={self._passes} times before optimizer.step(); "
+                "call step() after every backward_passes_per_step backward passes, or raise "
+                "backward_passes_per_step")
+        self._counts[p] = self._counts.get(p, 0) + 1
+        if self._counts[p] == self._passes:
+            self._submitted.add(p)
+            assert p.grad is not None
+            self._sync.submit(self._names[p], p.grad)
+
+    def synchronize(self) -> None:
+        """Wait until every submitted gradient holds the average over ranks."""
+        self._sync.synchronize()
+        self._counts.clear()
+        self._submitted.clear()
+
+    def step(self, closure: Any = None) -> Any:
+        if self._submitted or self._counts:
+            if any(c < self._passes for p, c in self._counts.items()
+                   if p not in self._submitted):
+                raise ConfigError(
+                    f"optimizer.step() came after fewer than backward_passes_per_step="
+                    f"{self._passes} backward passes; call it once every "
+                    f"{self._passes} passes")
+            self.synchronize()
+        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._submitted:
+            raise ConfigError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(); this is prohibited because the "
+                "gradients are still being synchronized. Move zero_grad() before backward() "
+                "or after step()")
+        super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name
+                         named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+                         algorithm: str = "onebit", backward_passes_per_step: int = 1,
+                         topology: str = "ps", error_feedback: bool | None = None,
+                         min_compress: int = 16384, timeout: float | None = None,
+                         **codec_params: Any) -> torch.optim.Optimizer:
+    """Wrap an optimizer so gradients are averaged across ranks as backward produces them.
+
+    Args:
+        optimizer: any ``torch.optim.Optimizer``; its class and hyper-parameters are kept.
+        named_parameters: ``model.named_parameters()``; names key error feedback and
+            must match across ranks.
+        algorithm: a CompLL algorithm or ``"none"``.
+        backward_passes_per_step: local gradient accumulation before each sync.
+        min_compress: gradients (or buckets of small ones) under this many elements go
+            through a plain allreduce.
+        topology, error_feedback, timeout, **codec_params: as for ``casync.Synchronizer``.
+
+    Returns:
+        An optimizer of a subclass of ``type(optimizer)``; ``step()`` first waits for
+        the averaged gradients.
+
+    Example:
+        >>> opt = hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                               named_parameters=model.named_parameters(),
+        ...                               algorithm="dgc", ratio=0.01)
+    """
+    if named_parameters is None:
+        named = [(f"param.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups)
+                 for j, p in enumerate(g["params"])]
+    else:
+        named = list(named_parameters)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    from casync import StaticPlanner
+
+    planner = StaticPlanner(algorithm, topology, min_compress=min_compress, **codec_params)
+    options = {"topology": topology, "error_feedback": error_feedback, "timeout": timeout,
+               "planner": planner, **codec_params}
+    return cls(optimizer.param_groups, named, algorithm, backward_passes_per_step, options)
