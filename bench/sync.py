@@ -18,7 +18,7 @@ Times are the slowest rank's, median over ``--steps`` after a warm-up step.
     torchrun --nnodes 16 --nproc-per-node 1 ... bench/sync.py   # a real cluster
 
 Under torchrun (``RANK`` set) the script is a worker itself; otherwise it starts the
-ranks locally, on loopback or inside shaped network namespaces (``bench/hosts.py``).
+ranks locally, on loopback or inside shaped network namespaces (``hipress/hosts.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.hosts import loopback, parse_rate, shaped  # noqa: E402
+from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 
 RESULTS = HERE / "results"
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb

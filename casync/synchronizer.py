@@ -121,7 +121,7 @@ class Synchronizer:
     def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
                  planner: Planner | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
-                 fuse_below: int = 262144, bucket_elems: int = 4 << 20, seed: int = 0,
+                 fuse_below: int = 16384, bucket_elems: int = 4 << 20, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  trace: bool = False, **params: Any) -> None:
         self.planner: Planner = planner if planner is not None else \

@@ -52,11 +52,12 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if args.sync == "optimizer":
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                      algorithm=args.algorithm)
+                                      algorithm=args.algorithm, topology=args.topology)
         return model, opt, opt._sync  # type: ignore[attr-defined]
     ddp = nn.parallel.DistributedDataParallel(model)
     if args.sync == "hook" or (args.sync == "ddp" and args.bandwidth):
-        state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none")
+        state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none",
+                             topology=args.topology)
         ddp.register_comm_hook(state, hp.comm_hook)
         return ddp, opt, state
     if args.sync == "powersgd":
@@ -85,6 +86,8 @@ def main() -> None:
     parser.add_argument("--sync", default="hook",
                         choices=["hook", "optimizer", "ddp", "powersgd", "fp16"])
     parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM", "onebit"))
+    parser.add_argument("--topology", default="ps", choices=["ps", "ring", "allgather"],
+                        help="CaSync strategy for compressed tensors")
     parser.add_argument("--width", type=int, default=2048, help="hidden width (params ~ w^2)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")

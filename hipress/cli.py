@@ -143,8 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a .py script with its arguments, or any command")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels, sync)")
-    p.add_argument("which", choices=["kernels", "sync"])
+    p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels, sync, train)")
+    p.add_argument("which", choices=["kernels", "sync", "train"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
 

@@ -15,7 +15,7 @@ from rich.table import Table
 from .codec import algorithms, codec
 from .errors import ConfigError
 
-__all__ = ["run_roundtrip_demo", "run_training_demo"]
+__all__ = ["run_roundtrip_demo", "run_training_demo", "run_shaped"]
 
 
 def run_roundtrip_demo(size: int, seed: int) -> int:
@@ -74,14 +74,12 @@ def _repo_file(*parts: str) -> Path:
     return path
 
 
-def _run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
-    """One torchrun agent per network namespace, each link shaped with tc (root only)."""
+def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
+    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only):
+    one torchrun agent per network namespace, as on ``ranks`` one-GPU nodes."""
     import subprocess
-    import sys
 
-    sys.path.insert(0, str(_repo_file("bench").parent))
-    from bench.hosts import shaped
-
+    from .hosts import shaped
     from .launcher import torchrun_command
 
     with shaped(ranks, bandwidth) as hosts:
@@ -127,7 +125,7 @@ def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str =
         log.unlink(missing_ok=True)
         args = [str(script), *extra, "--epochs", str(epochs), "--width", str(width),
                 "--batch", str(batch), "--lr", str(lr), "--metrics", str(log)]
-        code = _run_shaped(ranks, bandwidth, args) if shaped else \
+        code = run_shaped(ranks, bandwidth, args) if shaped else \
             run(ranks, args, bandwidth=bandwidth)
         if code != 0 or not log.exists():
             console.print(f"[red]{label} failed (exit code {code})")

@@ -286,6 +286,9 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             if mode == "ddp" and algo != "none":
                 continue
             model = _mlp(args.get("width", 128))
+            if args.get("bf16"):  # before DDP builds its buckets
+                model = model.to(torch.bfloat16)
+                x = x.to(torch.bfloat16)
             opt: Any = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
             ddp = None
             if mode == "hook":
@@ -301,10 +304,6 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                                               algorithm=algo, min_compress=1024,
                                               backward_passes_per_step=args.get("passes", 1))
                 net = model
-            if args.get("bf16"):
-                net = net.to(torch.bfloat16)
-                model = model.to(torch.bfloat16)
-                x = x.to(torch.bfloat16)
             losses = _train(net, opt, x, y, rank, world, args.get("steps", 20),
                             accumulate=args.get("passes", 1), ddp=ddp)
             key = f"{mode}/{algo}"

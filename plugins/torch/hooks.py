@@ -82,12 +82,38 @@ class HookState:
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Average a DDP gradient bucket with CaSync; the future resolves to the bucket buffer.
 
-    Follows DDP's hook contract: returns at once, decodes in place, and buckets too
-    small to compress go through a plain allreduce.
+    Follows DDP's hook contract: returns at once and decodes in place. Each parameter's
+    gradient is compressed on its own (codecs such as onebit keep one scale per tensor,
+    and one scale for a whole bucket loses accuracy); gradients too small to compress
+    are batched and go through a plain allreduce.
     """
     sync = state.synchronizer()
-    future = sync.submit(f"bucket{bucket.index()}", bucket.buffer())
+    buffer = bucket.buffer()
+    grads = _views_into(buffer, bucket.gradients())
+    if grads is None:
+        future = sync.submit(f"bucket{bucket.index()}", buffer)
+    else:
+        parts = [sync.submit(f"bucket{bucket.index()}.{i}", g) for i, g in enumerate(grads)]
+
+        def whole(done: torch.futures.Future[list[torch.futures.Future[Any]]]) -> torch.Tensor:
+            for part in done.value():
+                part.value()  # re-raises a SyncError
+            return buffer
+
+        future = torch.futures.collect_all(parts).then(whole)
     if bucket.is_last():
         sync.end_step()
         state.steps += 1
     return future
+
+
+def _views_into(buffer: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The bucket's gradients as flat views of ``buffer``, or None if they are copies."""
+    start, itemsize = buffer.data_ptr(), buffer.element_size()
+    views, offset = [], 0
+    for g in grads:
+        if g.data_ptr() != start + offset * itemsize or not g.is_contiguous():
+            return None
+        views.append(buffer[offset:offset + g.numel()])
+        offset += g.numel()
+    return views if offset == buffer.numel() else None

@@ -1,4 +1,4 @@
-"""Local test hosts for the benchmarks: loopback, or one network namespace per rank.
+"""Local test hosts for benchmarks and the demo: loopback, or one namespace per rank.
 
 Shaped mode (root only) builds what a small cluster looks like: a network namespace
 per rank, each joined to one bridge by a veth pair, and each link shaped with

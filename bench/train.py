@@ -1,0 +1,110 @@
+"""Training benchmark: the example on N ranks per synchronization method, same link.
+
+For each method it trains ``examples/torch_train.py`` for the same epochs and reports
+samples/s as a ratio to plain DDP measured in the same run, final accuracy, bytes sent
+per step, and whether the replicas ended identical. Methods: plain DDP, HiPress with
+onebit, dgc and terngrad (CaSync via the DDP comm hook), and torch's own PowerSGD
+(rank 1) and fp16 compression hooks.
+
+    sudo hipress bench train                 # 4 namespaces, tc-shaped 1 Gbit/s links
+    hipress bench train --network paced      # no root: software-paced uplinks
+
+torch's hooks talk to torch.distributed directly and cannot be software-paced, so the
+paced mode runs only plain DDP and the HiPress methods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from hipress.demo import run_shaped  # noqa: E402
+from hipress.launcher import run  # noqa: E402
+
+RESULTS = HERE / "results"
+METHODS = {
+    "DDP": ["--sync", "ddp"],
+    "HiPress onebit": ["--sync", "hook", "--algorithm", "onebit"],
+    "HiPress dgc": ["--sync", "hook", "--algorithm", "dgc"],
+    "HiPress terngrad": ["--sync", "hook", "--algorithm", "terngrad"],
+    "torch PowerSGD": ["--sync", "powersgd"],
+    "torch fp16": ["--sync", "fp16"],
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hipress bench train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--network", choices=["shaped", "paced"], default="shaped")
+    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--width", type=int, default=2896, help="8.6M parameters")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
+    args = parser.parse_args(argv)
+    methods = [m for m in args.methods
+               if args.network == "shaped" or not m.startswith("torch")]
+    rows = []
+    for method in methods:
+        metrics = args.out.parent / f"train-{method.replace(' ', '_')}.json"
+        metrics.unlink(missing_ok=True)
+        cmd = [str(HERE.parent / "examples" / "torch_train.py"), *METHODS[method],
+               "--epochs", str(args.epochs), "--width", str(args.width), "--batch",
+               str(args.batch), "--lr", str(args.lr), "--metrics", str(metrics), "--quiet"]
+        print(f"== {method}", flush=True)
+        code = run_shaped(args.ranks, args.bandwidth, cmd) if args.network == "shaped" \
+            else run(args.ranks, cmd, bandwidth=args.bandwidth)
+        if code or not metrics.exists():
+            print(f"{method} failed with exit code {code}", file=sys.stderr)
+            return 1
+        result = json.loads(metrics.read_text())
+        result["method"] = method
+        rows.append(result)
+    report(rows, args)
+    return 0
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from rich.console import Console
+    from rich.table import Table
+
+    base = next(r["samples_per_s"] for r in rows if r["method"] == "DDP")
+    table = Table(title=f"{args.ranks} ranks, {rows[0]['params']:,} parameters, "
+                        f"{args.bandwidth} {args.network} links, {args.epochs} epochs")
+    for col in ("method", "samples/s", "vs DDP", "accuracy", "MB sent/step", "identical"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in rows:
+        table.add_row(r["method"], f"{r['samples_per_s']:.0f}",
+                      f"{r['samples_per_s'] / base:.2f}x", f"{r['accuracy']:.3f}",
+                      f"{r['bytes_per_step'] / 1e6:.2f}" if r["bytes_per_step"] else "-",
+                      "yes" if r["replicas_identical"] else "NO")
+    Console(width=110).print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                    "rows": rows}, indent=2))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        t, loss = zip(*r["losses"], strict=True)
+        ax.plot(t, loss, label=f"{r['method']} ({r['samples_per_s'] / base:.2f}x)")
+    ax.set_xlabel("wall-clock seconds")
+    ax.set_ylabel("training loss (rank 0)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

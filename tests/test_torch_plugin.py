@@ -1,0 +1,150 @@
+"""hipress.torch: the DDP comm hook, DistributedOptimizer, the launcher and the example."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import hipress.torch as hp
+import numpy as np
+import pytest
+import ranks
+
+from hipress.launcher import torchrun_command
+
+ROOT = Path(__file__).resolve().parent.parent
+ALGOS = ["onebit", "dgc", "terngrad", "fp16", "none"]
+
+# ---------------------------------------------------------------------------------- pure
+
+
+def test_hook_state_validates_its_arguments():
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        hp.HookState(algorithm="sevenbit")
+    with pytest.raises(ValueError, match="plan='auto' is not available"):
+        hp.HookState(plan="auto")
+    with pytest.raises(ValueError, match="topology"):
+        hp.HookState(topology="tree")
+    with pytest.raises(ValueError, match="min_compress"):
+        hp.HookState(min_compress=-1)
+
+
+def test_hook_state_pickles_without_its_engine():
+    state = hp.HookState(algorithm="dgc", ratio=0.01)
+    state.sync = object()  # stands in for a live engine
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.sync is None and copy.codec_params == {"ratio": 0.01}
+
+
+def test_plugin_needs_init_first():
+    from hipress import ConfigError
+
+    if hp.is_initialized():
+        pytest.skip("initialized by another test")
+    with pytest.raises(ConfigError, match="hp.init"):
+        hp.rank()
+
+
+def test_torchrun_command_lines():
+    single = torchrun_command(4, ["train.py", "--steps", "5"])
+    assert "--standalone" in single and single[-3:] == ["train.py", "--steps", "5"]
+    multi = torchrun_command(8, ["python", "x.py"], nnodes=2, node_rank=1,
+                             master_addr="10.0.0.1")
+    assert ["--nnodes", "2"] == multi[multi.index("--nnodes"):multi.index("--nnodes") + 2]
+    assert "--no-python" in multi and multi[-2:] == ["python", "x.py"]
+    from hipress import ConfigError
+
+    with pytest.raises(ConfigError, match="master-addr"):
+        torchrun_command(2, ["x.py"], nnodes=2)
+    with pytest.raises(ConfigError, match="nothing to run"):
+        torchrun_command(2, [])
+
+
+# ----------------------------------------------------------------------------- parallel
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    results = ranks.launch(2, "torch_plugin", tmp_path_factory.mktemp("torch"),
+                           {"modes": ["hook", "optimizer", "ddp"], "algos": ALGOS})
+    for rank, r in enumerate(results):
+        assert r["rc"] == 0, f"rank {rank}:\n{r['log'][-3000:]}"
+    return results
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("mode", ["hook", "optimizer"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_replicas_identical_and_loss_decreases(trained, mode, algo):
+    key = f"{mode}/{algo}"
+    assert trained[0][key]["digest"] == trained[1][key]["digest"]
+    losses = trained[0][key]["losses"]
+    assert len(losses) == 20
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.02, losses
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("mode", ["hook", "optimizer"])
+def test_none_matches_ddp_allreduce(trained, mode):
+    ours = trained[0]["arrays"][f"{mode}/none"]
+    ddp = trained[0]["arrays"]["ddp/none"]
+    np.testing.assert_allclose(ours, ddp, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parallel
+def test_bf16_gradients_and_gradient_accumulation(tmp_path):
+    """bf16 models (upcast for the codec) with 2 backward passes per step: DDP no_sync
+    for the hook, backward_passes_per_step=2 for the optimizer."""
+    results = ranks.launch(2, "torch_plugin", tmp_path,
+                           {"modes": ["hook", "optimizer"], "algos": ["onebit"], "bf16": True,
+                            "passes": 2, "steps": 15})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    for key in ("hook/onebit", "optimizer/onebit"):
+        assert results[0][key]["digest"] == results[1][key]["digest"]
+        losses = results[0][key]["losses"]
+        assert np.mean(losses[-4:]) < np.mean(losses[:4]), losses
+
+
+@pytest.mark.parallel
+def test_optimizer_misuse_gets_actionable_errors(tmp_path):
+    results = ranks.launch(2, "misuse", tmp_path)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+        assert "zero_grad() was called after loss.backward()" in r["zero_grad"]
+        assert "backward_passes_per_step=1" in r["backward"]
+
+
+def _run_example(tmp_path: Path, name: str, *args: str) -> dict:
+    metrics = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hipress.cli", "run", "-np", "2",
+         str(ROOT / "examples" / "torch_train.py"), "--quiet", "--metrics", str(metrics),
+         *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(metrics.read_text())
+
+
+@pytest.mark.parallel
+def test_hipress_run_trains_the_example(tmp_path):
+    result = _run_example(tmp_path, "short", "--steps", "5", "--width", "256")
+    assert result["steps"] == 5 and result["world"] == 2
+    assert result["replicas_identical"]
+    assert result["bytes_per_step"] > 0
+
+
+@pytest.mark.parallel
+def test_onebit_converges_like_uncompressed(tmp_path):
+    """A CI-sized version of the training bench: onebit with error feedback, given at
+    most twice the epochs, reaches uncompressed accuracy within 2 points."""
+    common = ("--width", "512", "--batch", "32", "--lr", "0.05")
+    plain = _run_example(tmp_path, "plain", "--sync", "ddp", "--epochs", "6", *common)
+    onebit = _run_example(tmp_path, "onebit", "--sync", "hook", "--algorithm", "onebit",
+                          "--epochs", "12", *common)
+    assert plain["accuracy"] > 0.9, plain["accuracy"]
+    assert onebit["accuracy"] >= plain["accuracy"] - 0.02, (onebit["accuracy"],
+                                                            plain["accuracy"])
+    assert onebit["bytes_per_step"] < plain["bytes_per_step"] / 8
