@@ -297,8 +297,14 @@ class Synchronizer:
                                 f"complete within {self.timeout:g} s: {exc}") from exc
 
     def close(self) -> None:
-        """Stop the engine's threads (the process group stays up)."""
-        self.executor.close()
+        """Let the last step's messages leave, then stop the engine's threads (the
+        process group stays up). Call before destroying the process group."""
+        try:
+            if self.executor.error is None:
+                self.end_step()
+                self._settle()
+        finally:
+            self.executor.close()
 
     # -- graphs -------------------------------------------------------------------------
 

@@ -54,7 +54,10 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       algorithm=args.algorithm, topology=args.topology)
         return model, opt, opt._sync  # type: ignore[attr-defined]
-    ddp = nn.parallel.DistributedDataParallel(model)
+    # PowerSGD's hook chains collectives inside Gloo's two worker threads; with several
+    # buckets they can all block each other (a hang), so it gets one bucket.
+    cap = 4096 if args.sync == "powersgd" else 25
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
     if args.sync == "hook" or (args.sync == "ddp" and args.bandwidth):
         state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none",
                              topology=args.topology)
@@ -104,8 +107,9 @@ def main() -> None:
         if args.sync in ("powersgd", "fp16"):
             parser.error(f"--sync {args.sync} talks to torch.distributed directly and cannot be "
                          "paced; use real shaped links instead of --bandwidth")
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get(
-        "LOCAL_WORLD_SIZE", "1"))))
+    threads = os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // int(
+        os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    torch.set_num_threads(max(1, int(threads)))
 
     hp.init()
     rank, world = hp.rank(), hp.size()

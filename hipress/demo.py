@@ -87,8 +87,11 @@ def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
         for node, host in enumerate(hosts):
             cmd = torchrun_command(1, args, nnodes=ranks, node_rank=node,
                                    master_addr=hosts[0].addr, master_port=29531)
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname,
-                       HIPRESS_THREADS=str(max(1, (os.cpu_count() or 1) // ranks)))
+            # The namespaces share this host's cores: split them, or torch's and the
+            # kernels' thread pools oversubscribe the CPU.
+            share = str(max(1, (os.cpu_count() or 1) // ranks))
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, HIPRESS_THREADS=share,
+                       OMP_NUM_THREADS=share)
             env.pop("HIPRESS_BANDWIDTH", None)
             procs.append(subprocess.Popen([*host.prefix, *cmd], env=env))
         return max(abs(p.wait()) for p in procs)

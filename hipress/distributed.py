@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -20,6 +21,7 @@ __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
            "gloo_group", "synchronizer", "broadcast_arrays", "broadcast_object", "shutdown"]
 
 _state: dict[str, Any] = {"group": None, "initialized": False, "owns_group": False}
+_engines: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by shutdown()
 
 
 def _dist() -> Any:
@@ -111,7 +113,9 @@ def synchronizer(algorithm: str, **options: Any) -> Any:
     from casync import Synchronizer
 
     _require()
-    return Synchronizer(algorithm, group=_state["group"], **options)
+    engine = Synchronizer(algorithm, group=_state["group"], **options)
+    _engines.add(engine)
+    return engine
 
 
 def broadcast_arrays(arrays: list[np.ndarray], root_rank: int = 0) -> None:
@@ -142,7 +146,10 @@ def _global(group_rank: int) -> int:
 
 
 def shutdown() -> None:
-    """Leave the process group if ``init`` created it."""
+    """Finish the engines' last messages and leave the process group if ``init`` made it."""
+    for engine in list(_engines):
+        engine.close()
+    _engines.clear()
     dist = _dist()
     if _state["owns_group"] and dist.is_initialized():
         dist.destroy_process_group()

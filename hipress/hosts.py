@@ -9,7 +9,9 @@ with ``ip netns exec``. Everything is removed on exit, also after a failure or C
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +51,10 @@ def shaped(n: int, rate: str = "1gbit", tag: str = "hp") -> Iterator[list[Host]]
     if os.geteuid() != 0:
         raise PermissionError("shaped test hosts need root (ip netns, tc); run as root or "
                               "use --network loopback")
+    # SIGTERM (timeout, kill) must unwind through the cleanup below, not skip it.
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
     prefix = f"{tag}{os.getpid() % 10000}"
     bridge = f"{prefix}br"
     namespaces = [f"{prefix}n{i}" for i in range(n)]
@@ -79,3 +85,9 @@ def shaped(n: int, rate: str = "1gbit", tag: str = "hp") -> Iterator[list[Host]]
             _quiet("ip", "netns", "del", ns)   # takes the veth pair with it
             _quiet("ip", "link", "del", f"{prefix}v{i}")
         _quiet("ip", "link", "del", bridge)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -258,3 +258,22 @@ def test_sync_benchmark_runs_end_to_end(tmp_path):
     # onebit sends 1/32 of the floats plus headers: far less than the allreduce moves
     assert cases["casync onebit ps"]["bytes_per_rank"] < cases["allreduce"]["bytes_per_rank"] / 8
     assert "vs allreduce" in proc.stdout and out.with_suffix(".png").exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() != 0,
+                    reason="shaped test hosts need root")
+def test_shaped_hosts_are_removed_even_after_a_failure():
+    import subprocess
+
+    from hipress.hosts import shaped
+
+    def namespaces() -> set[str]:
+        out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+    before = namespaces()
+    with pytest.raises(RuntimeError, match="boom"), shaped(2, "100mbit") as hosts:
+        assert len(hosts) == 2 and hosts[0].addr != hosts[1].addr
+        assert len(namespaces() - before) == 2
+        raise RuntimeError("boom")
+    assert namespaces() == before
