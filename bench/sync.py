@@ -183,7 +183,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
                      "seconds": statistics.median(times)})
         say(f"naive {algo}: {rows[-1]['seconds']:.3f} s")
     for topo in args.topologies:
-        sync = Synchronizer(algo, topo, timeout=600)
+        sync = Synchronizer(algo, topo, timeout=600, fuse_below=args.fuse_below)
         sent0 = sync.transport.bytes_sent
 
         def step(sync: Synchronizer = sync) -> None:
@@ -318,7 +318,8 @@ def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks),
                        LOCAL_RANK=str(rank), MASTER_ADDR=hosts[0].addr, MASTER_PORT=str(port),
                        GLOO_SOCKET_IFNAME=host.ifname, PYTHONPATH=str(HERE.parent),
-                       HIPRESS_THREADS=str(max(1, cores // args.ranks)))
+                       HIPRESS_THREADS=str(max(1, cores // args.ranks)),
+                       OMP_NUM_THREADS=str(max(1, cores // args.ranks)))
             procs.append(subprocess.Popen([*host.prefix, sys.executable, __file__, *argv],
                                           env=env))
         codes = [p.wait() for p in procs]
@@ -343,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="multiply every tensor size (e.g. 0.01 for a quick check)")
     parser.add_argument("--network", choices=["loopback", "shaped"], default="loopback")
     parser.add_argument("--bandwidth", default="1gbit", help="shaped link rate (tc syntax)")
+    parser.add_argument("--fuse-below", type=int, default=16384,
+                        help="CaSync batches tensors under this many elements")
     parser.add_argument("--no-naive", dest="naive", action="store_false",
                         help="skip the naive baseline")
     parser.add_argument("--probe", action="store_true",

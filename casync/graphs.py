@@ -14,6 +14,7 @@ import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from hipress.codec import Codec
 from . import primitives as P
 from .executor import Graph, Task
 from .feedback import ErrorFeedback
+from .segments import Segmented
 from .transport import Handle, Transport, tag_space
 
 __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
@@ -39,6 +41,9 @@ class Context:
     tag: int
     key: Hashable
     pool: dict[Hashable, np.ndarray] = field(default_factory=dict)
+    #: offsets of the tensors fused into the graph's buffer, for per-tensor payloads
+    bounds: list[int] | None = None
+    buffer: np.ndarray | None = None
 
     @property
     def rank(self) -> int:
@@ -66,11 +71,23 @@ class Context:
             buf = self.pool[key] = np.empty(max(size, 1), dtype)
         return buf[:size]
 
-    def encode(self, x: np.ndarray, *site: object) -> np.ndarray:
+    def codec_for(self, x: np.ndarray) -> Any:
+        """The codec for ``x``, a view of the graph's buffer: one payload per fused tensor."""
         assert self.codec is not None
+        if self.bounds is None or self.buffer is None:
+            return self.codec
+        start = (x.ctypes.data - self.buffer.ctypes.data) // x.itemsize
+        stop = start + x.size
+        inner = [b - start for b in self.bounds if start < b < stop]
+        if not inner:
+            return self.codec
+        return Segmented(self.codec, [0, *inner, x.size])
+
+    def encode(self, x: np.ndarray, *site: object) -> np.ndarray:
+        codec = self.codec_for(x)
         key = (self.key, *site) if self.feedback is not None else None
-        out = self.scratch(("payload", *site), self.codec.max_payload_bytes(x.size), np.uint8)
-        return P.encode(self.codec, x, self.rng_step(*site), self.feedback, key, out)
+        out = self.scratch(("payload", *site), codec.max_payload_bytes(x.size), np.uint8)
+        return P.encode(codec, x, self.rng_step(*site), self.feedback, key, out)
 
 
 def slots(topology: str, world: int) -> int:
@@ -101,11 +118,16 @@ def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payload:
     return graph.task(name, "post", prio, run, deps)
 
 
-def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], capacity: int,
+def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], x: np.ndarray,
           src: int, tag: int) -> tuple[Task, Payload]:
+    """A receive of the payload(s) for ``x``, a view of the graph's buffer."""
+    codec = ctx.codec_for(x)
+    capacity = codec.max_payload_bytes(x.size)
+    count = len(codec.bounds) - 1 if isinstance(codec, Segmented) else 1
     handle = P.recv(ctx.transport, capacity, src, tag,
                     ctx.scratch(("recv", name), capacity, np.uint8))
-    return graph.task(name, "recv", prio, None, handle=handle), lambda: P.received(handle)
+    return (graph.task(name, "recv", prio, None, handle=handle),
+            lambda: P.received(handle, count))
 
 
 def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payload: Payload,
@@ -113,8 +135,7 @@ def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payloa
             deps: tuple[Task | None, ...]) -> Task:
     """Decode (or decode-and-merge) into ``out``; ``scale`` turns the sum into the mean."""
     def run() -> None:
-        assert ctx.codec is not None
-        P.decode(ctx.codec, payload(), out, accumulate)
+        P.decode(ctx.codec_for(out), payload(), out, accumulate)
         if scale is not None:
             np.multiply(out, np.float32(scale), out=out)
 
@@ -128,13 +149,12 @@ def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
     rank, world = ctx.rank, ctx.world
     for p, (sl, agg) in enumerate(zip(parts, owners, strict=True)):
         x = buf[sl]
-        cap = ctx.codec.max_payload_bytes(x.size)
         up, down = ctx.tag_of(p, 0, 2), ctx.tag_of(p, 1, 2)
         if rank != agg:
             t_enc, mine = _encode(graph, ctx, f"p{p}/encode", (p, 0), x,
                                   (p, "worker"))
             t_send = _send(graph, ctx, f"p{p}/send", (p, 1), mine, agg, up, (t_enc,))
-            t_recv, result = _recv(graph, ctx, f"p{p}/recv", (p, 3), cap, agg, down)
+            t_recv, result = _recv(graph, ctx, f"p{p}/recv", (p, 3), x, agg, down)
             _decode(graph, ctx, f"p{p}/decode", (p, 4), result, x, False, 1.0 / world,
                     (t_recv, t_send))
             continue
@@ -143,7 +163,7 @@ def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
         t_prev: Task | None = None
         for src in range(world):
             if src != rank:
-                t_recv, theirs = _recv(graph, ctx, f"p{p}/recv{src}", (p, 1), cap, src, up)
+                t_recv, theirs = _recv(graph, ctx, f"p{p}/recv{src}", (p, 1), x, src, up)
                 t_prev = _decode(graph, ctx, f"p{p}/merge{src}", (p, 2), theirs, x, True,
                                  None, (t_prev, t_recv))
         t_enc, total = _encode(graph, ctx, f"p{p}/reencode", (p, 2), x,
@@ -163,7 +183,7 @@ def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
     forwards the owners' payloads unchanged, so every rank decodes the same bytes.
     """
     assert ctx.codec is not None
-    codec, rank, world = ctx.codec, ctx.rank, ctx.world
+    rank, world = ctx.rank, ctx.world
     left, right = (rank - 1) % world, (rank + 1) % world
     per = slots("ring", world)
     mean = 1.0 / world
@@ -177,8 +197,7 @@ def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
         for h in range(world - 1):
             c = (rank - h - 1) % world
             t_recv, incoming = _recv(graph, ctx, f"p{p}/rs-recv{h}", (p, 2 * h + 1),
-                                    codec.max_payload_bytes(chunks[c].size), left,
-                                    ctx.tag_of(p, h, per))
+                                     chunks[c], left, ctx.tag_of(p, h, per))
             # Chunk c is read at this hop only; merge into it (final decodes overwrite it).
             t_merge = _decode(graph, ctx, f"p{p}/rs-merge{h}", (p, 2 * h + 2), incoming,
                               chunks[c], True, None, (t_last, t_recv))
@@ -195,8 +214,7 @@ def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
         for g in range(world - 1):
             c = (rank - g) % world
             stage = 2 * world + 2 * g + 1
-            t_recv, final = _recv(graph, ctx, f"p{p}/ag-recv{g}", (p, stage),
-                                  codec.max_payload_bytes(chunks[c].size), left,
+            t_recv, final = _recv(graph, ctx, f"p{p}/ag-recv{g}", (p, stage), chunks[c], left,
                                   ctx.tag_of(p, world - 1 + g, per))
             if g < world - 2:
                 _send(graph, ctx, f"p{p}/ag-send{g + 1}", (p, stage + 1), final, right,
@@ -213,7 +231,6 @@ def build_allgather(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[sli
     rank, world = ctx.rank, ctx.world
     for p, sl in enumerate(parts):
         x = buf[sl]
-        cap = ctx.codec.max_payload_bytes(x.size)
         tag = ctx.tag_of(p, 0, 1)
         t_enc, mine = _encode(graph, ctx, f"p{p}/encode", (p, 0), x,
                               (p, "worker"))
@@ -223,7 +240,7 @@ def build_allgather(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[sli
         for src in range(world):
             payload, t_in = mine, None
             if src != rank:
-                t_in, payload = _recv(graph, ctx, f"p{p}/recv{src}", (p, 2), cap, src, tag)
+                t_in, payload = _recv(graph, ctx, f"p{p}/recv{src}", (p, 2), x, src, tag)
             last = src == world - 1
             # The same summation order on every rank keeps the results bitwise identical.
             t_prev = _decode(graph, ctx, f"p{p}/decode{src}", (p, 3), payload, x, src != 0,

@@ -65,6 +65,10 @@ def recv(transport: Transport, capacity: int, src: int, tag: int,
     return transport.irecv(capacity, src, tag, buffer)
 
 
-def received(handle: Handle) -> np.ndarray:
-    """The payload a completed receive holds: its buffer cut at the header's length."""
-    return handle.buffer[:framed_size(handle.buffer)]
+def received(handle: Handle, count: int = 1) -> np.ndarray:
+    """The ``count`` payloads a completed receive holds, laid end to end: its buffer cut
+    where the last payload's header says it ends."""
+    end = 0
+    for _ in range(count):
+        end += framed_size(handle.buffer[end:])
+    return handle.buffer[:end]

@@ -121,7 +121,7 @@ class Synchronizer:
     def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
                  planner: Planner | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
-                 fuse_below: int = 16384, bucket_elems: int = 4 << 20, seed: int = 0,
+                 fuse_below: int = 262144, bucket_elems: int = 4 << 20, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  trace: bool = False, **params: Any) -> None:
         self.planner: Planner = planner if planner is not None else \
@@ -142,7 +142,7 @@ class Synchronizer:
         self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
         self._feedback: dict[str, ErrorFeedback] = {}
         self._tag = 0
-        self._bucket = _Bucket()
+        self._buckets = {"raw": _Bucket(), "packed": _Bucket()}
         self._names: set[str] = set()
         self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
@@ -240,24 +240,37 @@ class Synchronizer:
             entry.future.set_result(tensor)
             return entry.future
         if buf.size < self.fuse_below:
-            self._bucket.entries.append(entry)
-            self._bucket.numel += buf.size
-            if self._bucket.numel >= self.bucket_elems:
-                self.flush()
+            # Tensors the plan would not compress travel in a raw bucket (allreduce);
+            # the others in a packed one, one payload per tensor in one message.
+            kind = "packed" if self.planner.plan(name, buf.size, self.size).compress \
+                else "raw"
+            bucket = self._buckets[kind]
+            bucket.entries.append(entry)
+            bucket.numel += buf.size
+            if bucket.numel >= self.bucket_elems:
+                self._flush(kind)
             return entry.future
         self._launch([entry], buf, name, name)
         return entry.future
 
     def flush(self) -> None:
-        """Send the current bucket of small tensors now."""
-        bucket, self._bucket = self._bucket, _Bucket()
+        """Send the current buckets of small tensors now."""
+        for kind in ("raw", "packed"):
+            self._flush(kind)
+
+    def _flush(self, kind: str) -> None:
+        bucket = self._buckets[kind]
+        self._buckets[kind] = _Bucket()
         if not bucket.entries:
             return
         names = [e.name for e in bucket.entries]
         buf = np.concatenate([e.buf for e in bucket.entries]) if len(names) > 1 \
             else bucket.entries[0].buf
         label = f"bucket[{names[0]}..{names[-1]}]" if len(names) > 1 else names[0]
-        self._launch(bucket.entries, buf, label, ("bucket", *names))
+        bounds = [int(b) for b in np.cumsum([0] + [e.buf.size for e in bucket.entries])]
+        plan = Plan("none", None, 1) if kind == "raw" else None
+        self._launch(bucket.entries, buf, label, ("bucket", *names),
+                     bounds if len(names) > 1 else None, plan)
 
     def synchronize(self) -> None:
         """Finish the step: send the last bucket, wait for every tensor, then advance.
@@ -320,13 +333,15 @@ class Synchronizer:
         return owners
 
     def _launch(self, entries: list[_Entry], buf: np.ndarray, label: str,
-                key: Hashable) -> None:
-        plan = self.planner.plan(label, buf.size, self.size)
+                key: Hashable, bounds: list[int] | None = None,
+                plan: Plan | None = None) -> None:
+        if plan is None:
+            plan = self.planner.plan(label, buf.size, self.size)
         k = max(1, min(plan.partitions, buf.size))
         parts = P.partition(buf.size, k)
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
-                      self.step, self._tag, key, self._pool)
+                      self.step, self._tag, key, self._pool, bounds, buf)
         self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
         graph = Graph(label, self.step)
         BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))

@@ -147,4 +147,5 @@ def test_onebit_converges_like_uncompressed(tmp_path):
     assert plain["accuracy"] > 0.9, plain["accuracy"]
     assert onebit["accuracy"] >= plain["accuracy"] - 0.02, (onebit["accuracy"],
                                                             plain["accuracy"])
-    assert onebit["bytes_per_step"] < plain["bytes_per_step"] / 8
+    # an fp32 allreduce on 2 ranks sends the whole gradient each step; onebit ~1/32 of it
+    assert 0 < onebit["bytes_per_step"] < onebit["params"] * 4 / 8
