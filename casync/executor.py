@@ -151,19 +151,6 @@ class Executor:
             self._finish(graph)
         self._dispatch(ready)
 
-    def idle(self) -> bool:
-        with self._cv:
-            return not self._live
-
-    def wait_idle(self, timeout: float | None = None) -> None:
-        """Block until every added graph finished; re-raise the first failure."""
-        with self._cv:
-            if not self._cv.wait_for(lambda: not self._live or self.error is not None,
-                                     timeout):
-                raise SyncError(f"graphs still running after {timeout} s")
-        if self.error is not None:
-            raise self.error
-
     def close(self) -> None:
         with self._cv:
             self._closed = True

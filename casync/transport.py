@@ -51,7 +51,7 @@ def parse_rate(text: str) -> float:
 class Handle:
     """One posted operation: what to wait on, with whom, and its buffer."""
 
-    __slots__ = ("work", "peer", "kind", "buffer", "posted", "ready")
+    __slots__ = ("work", "peer", "kind", "buffer", "ready")
 
     def __init__(self, work: Any, peer: int, kind: str, buffer: np.ndarray,
                  ready: threading.Event | None = None) -> None:
@@ -59,7 +59,6 @@ class Handle:
         self.peer = peer
         self.kind = kind
         self.buffer = buffer
-        self.posted = time.perf_counter()
         self.ready = ready  # set once a paced operation is actually posted
 
 
