@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
+from hipress.hosts import free_port, loopback, parse_rate, shaped, thread_share  # noqa: E402
 
 RESULTS = HERE / "results"
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
@@ -254,12 +253,6 @@ def worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------ orchestrator
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def report(result: dict[str, Any], out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -308,18 +301,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
-    cores = os.cpu_count() or 1
+    share = str(thread_share(args.ranks))
     hosts_cm = shaped(args.ranks, args.bandwidth) if args.network == "shaped" \
         else loopback(args.ranks)
-    port = _free_port()
+    port = free_port()
     with hosts_cm as hosts:
         procs = []
         for rank, host in enumerate(hosts):
             env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks),
                        LOCAL_RANK=str(rank), MASTER_ADDR=hosts[0].addr, MASTER_PORT=str(port),
                        GLOO_SOCKET_IFNAME=host.ifname, PYTHONPATH=str(HERE.parent),
-                       HIPRESS_THREADS=str(max(1, cores // args.ranks)),
-                       OMP_NUM_THREADS=str(max(1, cores // args.ranks)))
+                       HIPRESS_THREADS=share, OMP_NUM_THREADS=share)
             procs.append(subprocess.Popen([*host.prefix, sys.executable, __file__, *argv],
                                           env=env))
         codes = [p.wait() for p in procs]

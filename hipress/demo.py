@@ -79,7 +79,7 @@ def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
     one torchrun agent per network namespace, as on ``ranks`` one-GPU nodes."""
     import subprocess
 
-    from .hosts import shaped
+    from .hosts import shaped, thread_share
     from .launcher import torchrun_command
 
     with shaped(ranks, bandwidth) as hosts:
@@ -89,7 +89,7 @@ def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
                                    master_addr=hosts[0].addr, master_port=29531)
             # The namespaces share this host's cores: split them, or torch's and the
             # kernels' thread pools oversubscribe the CPU.
-            share = str(max(1, (os.cpu_count() or 1) // ranks))
+            share = str(thread_share(ranks))
             env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, HIPRESS_THREADS=share,
                        OMP_NUM_THREADS=share)
             env.pop("HIPRESS_BANDWIDTH", None)

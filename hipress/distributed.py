@@ -8,7 +8,6 @@ move data over ``torch.distributed`` (Gloo) through CaSync.
 from __future__ import annotations
 
 import os
-import socket
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .hosts import free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
            "gloo_group", "synchronizer", "broadcast_arrays", "broadcast_object", "shutdown"]
@@ -28,12 +28,6 @@ def _dist() -> Any:
     import torch.distributed as dist
 
     return dist
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def init(backend: str | None = None, timeout: float = 1800.0) -> None:
@@ -62,7 +56,7 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> None:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
         else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1, timeout=timedelta(seconds=timeout))
         _state["owns_group"] = True
     _state["group"] = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from casync.transport import parse_rate
 
-__all__ = ["Host", "loopback", "shaped", "parse_rate"]
+__all__ = ["Host", "loopback", "shaped", "parse_rate", "free_port", "thread_share"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,19 @@ class Host:
     prefix: tuple[str, ...]
     addr: str
     ifname: str
+
+
+def free_port() -> int:
+    """A TCP port on this host that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def thread_share(ranks: int) -> int:
+    """Threads each of ``ranks`` processes on this host gets so the cores are not
+    oversubscribed (at least one)."""
+    return max(1, (os.cpu_count() or 1) // max(ranks, 1))
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import ConfigError
+from .hosts import thread_share
 
 __all__ = ["torchrun_command", "run"]
 
@@ -61,7 +62,7 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         env["HIPRESS_BANDWIDTH"] = bandwidth
     if timeout is not None:
         env["HIPRESS_TIMEOUT"] = str(timeout)
-    share = max(1, (os.cpu_count() or 1) // nproc)
+    share = thread_share(nproc)
     env.setdefault("HIPRESS_THREADS", str(share))
     env.setdefault("OMP_NUM_THREADS", str(share))
     cmd = torchrun_command(nproc, command, nnodes, node_rank, master_addr, master_port)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from hipress.hosts import free_port
+
 HERE = Path(__file__).resolve().parent
 ALGOS = ["onebit", "terngrad", "dgc", "fp16", "minmax8"]
 TOPOLOGIES = ["ps", "ring", "allgather"]
@@ -25,12 +26,6 @@ TOPOLOGIES = ["ps", "ring", "allgather"]
 TENSORS = [(0, "float32", True), (1, "float32", True), (7, "float32", True),
            (1000, "float16", True), (3000, "bfloat16", True), (5000, "float32", False),
            (20_001, "float32", True), (70_000, "float32", True)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = None,
