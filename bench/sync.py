@@ -6,12 +6,15 @@ N ranks synchronize a model's gradient profile (tensor sizes in backward order, 
 * ``allreduce``: uncompressed Gloo allreduce over 25 MB buckets (what DDP does);
 * ``naive <algo>``: per tensor, encode, all-gather sizes and payloads, decode and sum —
   no pipelining, no batching (how compression is usually bolted on);
-* ``casync <algo> <topology>``: the engine with its default static plan;
+* ``casync <algo> <topology>``: the engine with its default static plan, or with
+  ``auto`` the cost-model planner on a profile measured on the same ranks first;
 * the lower bound of each algorithm: its compressed bytes over one link at the measured
   link rate, 2(N-1)/N of the payload each way, plus one encode and one decode of the
   whole gradient, timed on every rank at once (so with the same CPU contention).
 
-Times are the slowest rank's, median over ``--steps`` after a warm-up step.
+Times are the slowest rank's, median over ``--steps`` after a warm-up step. With
+``--validate`` the run also profiles the primitives and prints what the simulator
+(``casync.simulate``) predicts for each case, and its error.
 
     hipress bench sync                                   # 4 ranks on loopback
     sudo hipress bench sync --network shaped             # namespaces, 1 Gbit/s links
@@ -156,7 +159,7 @@ def _probe(dist: Any, rank: int, size: int = 64 << 10, count: int = 200) -> dict
 
 
 def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: list[Any],
-                     flat: np.ndarray, reset: Any, link_Bps: float,
+                     flat: np.ndarray, reset: Any, link_Bps: float, cost: Any,
                      say: Any) -> list[dict[str, Any]]:
     """Lower bound, naive baseline and CaSync per topology for one algorithm."""
     import hipress
@@ -182,7 +185,13 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
                      "seconds": statistics.median(times)})
         say(f"naive {algo}: {rows[-1]['seconds']:.3f} s")
     for topo in args.topologies:
-        sync = Synchronizer(algo, topo, timeout=600, fuse_below=args.fuse_below)
+        planner = None
+        if topo == "auto":
+            from casync.planner import CostPlanner
+
+            planner = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
+        sync = Synchronizer(algo, "ps" if topo == "auto" else topo, timeout=600,
+                            fuse_below=args.fuse_below, planner=planner)
         sent0 = sync.transport.bytes_sent
 
         def step(sync: Synchronizer = sync) -> None:
@@ -199,6 +208,31 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     say(f"lower bound {algo}: {bound['seconds']:.3f} s (encode {enc * 1e3:.0f} ms, "
         f"decode {dec * 1e3:.0f} ms)")
     return rows
+
+
+def _predict(rows: list[dict[str, Any]], cost: Any, world: int,
+             sizes: list[tuple[str, int]], args: argparse.Namespace) -> None:
+    """Add the simulator's prediction to every measured row it models."""
+    from casync.plan import StaticPlanner
+    from casync.planner import CostPlanner
+    from casync.simulate import Gradient, simulate
+
+    grads = [Gradient(name, n) for name, n in sizes]  # all ready at once, as here
+    for row in rows:
+        case, algo, topo = row["case"], row["algorithm"], row["topology"]
+        if case == "allreduce":
+            result = simulate(cost, world, grads, "allreduce")
+        elif case.startswith("naive"):
+            result = simulate(cost, world, grads, "naive", algorithm=algo)
+        elif case.startswith("casync"):
+            planner: Any = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1)) \
+                if topo == "auto" else StaticPlanner(algo, topo)
+            result = simulate(cost, world, grads, "casync", planner=planner,
+                              fuse_below=args.fuse_below)
+        else:
+            continue
+        row["predicted_s"] = result.end
+        row["error"] = result.end / row["seconds"] - 1
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -239,9 +273,19 @@ def worker(args: argparse.Namespace) -> int:
                  "seconds": statistics.median(times),
                  "bytes_per_rank": 2 * (world - 1) / world * flat.nbytes})
     say(f"allreduce: {rows[-1]['seconds']:.3f} s")
+    cost = None
+    if args.validate or "auto" in args.topologies:
+        from casync.profiler import measure
+        from casync.transport import Transport
+
+        cost = measure(Transport(), tuple(args.algorithms), reps=3)
+        result["cost_model"] = cost.to_json()
+        say("profiled the primitives on these ranks")
     for algo in args.algorithms:
         rows += _bench_algorithm(dist, args, algo, tensors, flat, reset,
-                                 result.get("link_Bps", float("inf")), say)
+                                 result.get("link_Bps", float("inf")), cost, say)
+    if cost is not None and args.validate:
+        _predict(rows, cost, world, sizes, args)
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
@@ -265,7 +309,10 @@ def report(result: dict[str, Any], out: Path) -> None:
     table = Table(title=f"{result['profile']} ({result['elements']:,} floats), "
                         f"{result['world']} ranks, {result['network']} network, "
                         f"link {rate:.2f} Gbit/s measured")
-    for col in ("case", "sync ms", "vs allreduce", "vs naive", "/ lower bound", "MB/rank"):
+    predicted = any("predicted_s" in r for r in rows)
+    cols = ["case", "sync ms", "vs allreduce", "vs naive", "/ lower bound", "MB/rank"]
+    cols += ["predicted ms", "error"] if predicted else []
+    for col in cols:
         table.add_column(col, justify="left" if col == "case" else "right")
     for r in rows:
         algo = r["algorithm"]
@@ -274,7 +321,9 @@ def report(result: dict[str, Any], out: Path) -> None:
             r["case"], f"{r['seconds'] * 1e3:.1f}", f"{base / r['seconds']:.1f}x",
             f"{naive[algo] / r['seconds']:.1f}x" if casync and algo in naive else "-",
             f"{r['seconds'] / bound[algo]:.2f}" if casync and algo in bound else "-",
-            f"{r['bytes_per_rank'] / 1e6:.1f}" if "bytes_per_rank" in r else "-")
+            f"{r['bytes_per_rank'] / 1e6:.1f}" if "bytes_per_rank" in r else "-",
+            *([f"{r['predicted_s'] * 1e3:.1f}", f"{r['error']:+.0%}"] if "predicted_s" in r
+              else ["-", "-"] if predicted else []))
     Console(width=110).print(table)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
@@ -330,7 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", default="resnet50",
                         help="gradient profile: resnet50, vgg19, bert-base")
     parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
-    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"])
+    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"],
+                        help="ps, ring, allgather, and auto (the cost-model planner on a "
+                             "profile measured at the start of the run)")
+    parser.add_argument("--validate", action="store_true",
+                        help="profile the primitives first and print the simulator's "
+                             "prediction and error next to every measured case")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after a warm-up")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="multiply every tensor size (e.g. 0.01 for a quick check)")

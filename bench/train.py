@@ -23,8 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from hipress.demo import run_shaped  # noqa: E402
-from hipress.launcher import run  # noqa: E402
+from hipress.launcher import run, run_shaped  # noqa: E402
 
 RESULTS = HERE / "results"
 METHODS = {

@@ -6,13 +6,16 @@ Each graph (one tensor or bucket) is a DAG of tasks. Three kinds:
   priority first among those whose inputs are ready;
 - ``post`` tasks (send, allreduce) run inline as soon as their inputs are ready —
   posting is non-blocking; an allreduce then waits on the comm lane;
-- ``recv`` tasks are posted when the graph is added and waited on the comm thread.
+- ``recv`` tasks are posted when the graph is added and waited on the comm lane.
 
 Priorities are ``(graph, partition, stage)``, the same on every rank, and every send a
-receive waits for depends only on tasks of lower priority. The comm thread waits in
-priority order and the compute thread never blocks, so no rank can wait for a message
-that waits for it: the pipeline cannot deadlock. While partition i's messages travel,
-the compute thread is already encoding partition i+1.
+receive waits for depends only on tasks of lower priority. The comm lane's waiter
+threads take waits in priority order, so the lowest-priority unfinished wait of every
+rank is always being waited on, and the compute thread never blocks: no rank can wait
+for a message that waits for it, and the pipeline cannot deadlock. Several waiters (a
+Gloo receive cannot be polled, only waited on) let later messages complete while an
+earlier one is still in flight. While partition i's messages travel, the compute thread
+is already encoding partition i+1.
 """
 
 from __future__ import annotations
@@ -100,15 +103,19 @@ def describe_failure(graph: Graph, handle: Handle | None, cause: BaseException,
 
 
 class Executor:
-    """Runs graphs on one compute thread and one communication thread.
+    """Runs graphs on one compute thread and a few communication (waiter) threads.
 
     Args:
         transport: where sends, receives and allreduces are posted.
         timeout: seconds a single wait may take before the peer counts as dead.
         trace: record ``(lane, task, graph, start, end)`` for every task (tests, profiling).
+        waiters: threads on the communication lane. Gloo cannot poll a receive, so each
+            waits on one; several keep a ps worker that waits for one result from
+            holding up the uploads it must aggregate meanwhile (a convoy across ranks).
     """
 
-    def __init__(self, transport: Transport, timeout: float, trace: bool = False) -> None:
+    def __init__(self, transport: Transport, timeout: float, trace: bool = False,
+                 waiters: int = 4) -> None:
         self.transport = transport
         self.timeout = float(timeout)
         self.trace: list[tuple[str, str, str, float, float]] | None = [] if trace else None
@@ -124,7 +131,8 @@ class Executor:
         self._closed = False
         self._threads = [
             threading.Thread(target=self._compute_loop, name="casync-compute", daemon=True),
-            threading.Thread(target=self._comm_loop, name="casync-comm", daemon=True),
+            *(threading.Thread(target=self._comm_loop, name=f"casync-comm{i}", daemon=True)
+              for i in range(waiters)),
         ]
         for thread in self._threads:
             thread.start()

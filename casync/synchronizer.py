@@ -100,7 +100,9 @@ class Synchronizer:
     Args:
         algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
         topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``).
-        planner: decides per tensor; by default a ``StaticPlanner`` over the above.
+        planner: decides per tensor: a ``Planner``; ``"static"`` (the default) for a
+            ``StaticPlanner`` over the above; ``"auto"`` for a ``CostPlanner`` on this
+            group's measured costs (profiled once at start-up, then cached).
         error_feedback: keep residuals; ``None`` means on for biased algorithms only.
         group: the process group (Gloo); default the world.
         timeout: seconds before a silent peer raises ``SyncError``
@@ -119,13 +121,16 @@ class Synchronizer:
     """
 
     def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
-                 planner: Planner | None = None, error_feedback: bool | None = None,
+                 planner: Planner | str | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
                  fuse_below: int = 262144, bucket_elems: int = 4 << 20, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  trace: bool = False, **params: Any) -> None:
-        self.planner: Planner = planner if planner is not None else \
-            StaticPlanner(algorithm, topology, **params)
+        if isinstance(planner, str) and planner not in ("auto", "static"):
+            raise ConfigError(f"planner={planner!r}: give 'auto', 'static' or a Planner")
+        auto = planner == "auto" and algorithm not in (None, "none")
+        self.planner: Planner = planner if planner is not None and not isinstance(planner, str) \
+            else StaticPlanner(algorithm, topology, **params)
         self.error_feedback = error_feedback
         self.timeout = default_timeout() if timeout is None else float(timeout)
         if self.timeout <= 0:
@@ -138,6 +143,12 @@ class Synchronizer:
         self.target = target
         self.transport = transport if transport is not None else Transport(group)
         self.rank, self.size = self.transport.rank, self.transport.size
+        if auto:
+            from .planner import CostPlanner
+            from .profiler import cached
+
+            cost = cached(self.transport, (algorithm,), target)
+            self.planner = CostPlanner(cost, (algorithm,), small=max(self.fuse_below, 1))
         self.step = 0
         self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
         self._feedback: dict[str, ErrorFeedback] = {}

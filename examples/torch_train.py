@@ -22,11 +22,12 @@ import os
 import time
 from pathlib import Path
 
-import hipress.torch as hp
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+
+import hipress.torch as hp
 
 
 def load_digits_split(seed: int = 0) -> tuple[np.ndarray, ...]:

@@ -98,6 +98,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
                args.master_port, args.algorithm, args.bandwidth, args.timeout)
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .planning import profile_main
+
+    return profile_main(args.rest)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .planning import plan_main
+
+    return plan_main(args.rest)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import runpy
     from pathlib import Path
@@ -143,8 +155,19 @@ def _parser() -> argparse.ArgumentParser:
                    help="a .py script with its arguments, or any command")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("bench", help="run a benchmark from bench/ (kernels, sync, train)")
-    p.add_argument("which", choices=["kernels", "sync", "train"])
+    p = sub.add_parser("profile", help="measure the primitives' costs on N ranks (JSON)",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="see hipress profile --help")
+    p.set_defaults(func=_cmd_profile)
+
+    p = sub.add_parser("plan", help="plan a model's gradients from a profile or a cluster",
+                       add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="see hipress plan --help")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("bench", help="run a benchmark from bench/ "
+                                     "(kernels, sync, train, simulate)")
+    p.add_argument("which", choices=["kernels", "sync", "train", "simulate"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
 
@@ -168,7 +191,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``hipress`` console script."""
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if argv[:1] in (["profile"], ["plan"]):
+        # These parse their own options (argparse's REMAINDER drops a leading option).
+        args = parser.parse_args(argv[:1])
+        args.rest = argv[1:]
+    else:
+        args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except CompileError as exc:

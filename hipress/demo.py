@@ -4,7 +4,6 @@ round-tripping one gradient."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from rich.table import Table
 from .codec import algorithms, codec
 from .errors import ConfigError
 
-__all__ = ["run_roundtrip_demo", "run_training_demo", "run_shaped"]
+__all__ = ["run_roundtrip_demo", "run_training_demo"]
 
 
 def run_roundtrip_demo(size: int, seed: int) -> int:
@@ -74,29 +73,6 @@ def _repo_file(*parts: str) -> Path:
     return path
 
 
-def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
-    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only):
-    one torchrun agent per network namespace, as on ``ranks`` one-GPU nodes."""
-    import subprocess
-
-    from .hosts import shaped, thread_share
-    from .launcher import torchrun_command
-
-    with shaped(ranks, bandwidth) as hosts:
-        procs = []
-        for node, host in enumerate(hosts):
-            cmd = torchrun_command(1, args, nnodes=ranks, node_rank=node,
-                                   master_addr=hosts[0].addr, master_port=29531)
-            # The namespaces share this host's cores: split them, or torch's and the
-            # kernels' thread pools oversubscribe the CPU.
-            share = str(thread_share(ranks))
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, HIPRESS_THREADS=share,
-                       OMP_NUM_THREADS=share)
-            env.pop("HIPRESS_BANDWIDTH", None)
-            procs.append(subprocess.Popen([*host.prefix, *cmd], env=env))
-        return max(abs(p.wait()) for p in procs)
-
-
 def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str = "onebit",
                       epochs: int = 2, width: int = 2048, batch: int = 16, lr: float = 0.05,
                       shaped: bool = False, out: Path | None = None) -> int:
@@ -107,7 +83,7 @@ def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str =
     """
     from casync.transport import parse_rate
 
-    from .launcher import run
+    from .launcher import run, run_shaped
 
     parse_rate(bandwidth)
     console = Console(width=max(Console().width, 100))

@@ -18,7 +18,8 @@ from .errors import ConfigError
 from .hosts import free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "gloo_group", "synchronizer", "broadcast_arrays", "broadcast_object", "shutdown"]
+           "gloo_group", "synchronizer", "EngineOptions", "average_arrays", "is_live",
+           "broadcast_arrays", "broadcast_object", "allgather_object", "shutdown"]
 
 _state: dict[str, Any] = {"group": None, "initialized": False, "owns_group": False}
 _engines: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by shutdown()
@@ -112,6 +113,92 @@ def synchronizer(algorithm: str, **options: Any) -> Any:
     return engine
 
 
+class EngineOptions:
+    """What every plugin's wrappers take (``algorithm="onebit", plan=..., ...``),
+    validated where the user passes them, turned into an engine on first use.
+
+    Args:
+        algorithm: a CompLL algorithm (``hipress.algorithms()``) or ``"none"``.
+        plan: ``"static"``: compress tensors of at least ``min_compress`` elements over
+            ``topology``; ``"auto"``: the cost-model planner on costs profiled on this
+            group at start-up.
+        topology: ``ps``, ``ring`` or ``allgather`` (static plans).
+        min_compress: smaller tensors go through a plain allreduce (static plans).
+        error_feedback: ``None`` = on for biased algorithms.
+        timeout: seconds before a silent peer raises ``SyncError``.
+        **params: the algorithm's parameters (``ratio=0.001`` for dgc).
+
+    Raises:
+        ValueError: an unknown algorithm, plan or topology, or a negative threshold.
+    """
+
+    def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
+                 min_compress: int = 16384, error_feedback: bool | None = None,
+                 timeout: float | None = None, **params: Any) -> None:
+        from .codec import algorithms
+
+        if algorithm != "none" and algorithm not in algorithms():
+            raise ValueError(f"unknown algorithm {algorithm!r}; choose 'none' or one of "
+                             f"{', '.join(algorithms())}")
+        if plan not in ("static", "auto"):
+            raise ValueError(f"plan must be 'auto' (the cost-model planner) or 'static', "
+                             f"not {plan!r}")
+        if topology not in ("ps", "ring", "allgather"):
+            raise ValueError(f"topology must be ps, ring or allgather, not {topology!r}")
+        if min_compress < 0:
+            raise ValueError(f"min_compress must be >= 0, not {min_compress}")
+        self.algorithm = algorithm
+        self.plan = plan
+        self.topology = topology
+        self.min_compress = min_compress
+        self.error_feedback = error_feedback
+        self.timeout = timeout
+        self.params = params
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """Equal for equal options (to share one engine between short-lived wrappers)."""
+        return (self.algorithm, self.plan, self.topology, self.min_compress,
+                self.error_feedback, self.timeout, tuple(sorted(self.params.items())))
+
+    def engine(self) -> Any:
+        """A ``Synchronizer`` with these options on the plugin's group (joins it first)."""
+        from casync import StaticPlanner
+
+        if not is_initialized():
+            init()
+        planner: Any = "auto" if self.plan == "auto" else StaticPlanner(
+            self.algorithm, self.topology, min_compress=self.min_compress, **self.params)
+        return synchronizer(self.algorithm, topology=self.topology, planner=planner,
+                            error_feedback=self.error_feedback, timeout=self.timeout,
+                            **self.params)
+
+
+def is_live(engine: Any) -> bool:
+    """Whether ``engine`` is still usable (``shutdown()`` closes every engine)."""
+    return engine is not None and engine in _engines
+
+
+def average_arrays(engine: Any, named: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    """Average named gradients across ranks in one step of ``engine``.
+
+    Each array comes back as float32 holding the average: the same array when it was
+    writable, contiguous float32 (no copy), else a new one. Names must be the same,
+    in the same order, on every rank.
+
+    Raises:
+        SyncError: a peer died or stalled past the timeout.
+    """
+    out = []
+    for name, arr in named:
+        if not (arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.writeable):
+            arr = np.array(arr, dtype=np.float32, order="C")
+        out.append(arr)
+        engine.submit(name, arr)
+    engine.synchronize()
+    return out
+
+
 def broadcast_arrays(arrays: list[np.ndarray], root_rank: int = 0) -> None:
     """Overwrite each contiguous NumPy array with ``root_rank``'s, in order."""
     import torch
@@ -130,6 +217,14 @@ def broadcast_object(obj: Any, root_rank: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=_global(root_rank), group=_state["group"])
     return box[0]
+
+
+def allgather_object(obj: Any) -> list[Any]:
+    """Every rank's picklable ``obj``, in rank order (checks, small metadata)."""
+    dist = _require()
+    out: list[Any] = [None] * int(dist.get_world_size(_state["group"]))
+    dist.all_gather_object(out, obj, group=_state["group"])
+    return out
 
 
 def _global(group_rank: int) -> int:

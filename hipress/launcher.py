@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from .errors import ConfigError
 from .hosts import thread_share
 
-__all__ = ["torchrun_command", "run"]
+__all__ = ["torchrun_command", "run", "run_shaped"]
 
 
 def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
@@ -70,3 +70,25 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         return subprocess.run(cmd, env=env).returncode
     except KeyboardInterrupt:
         return 130
+
+
+def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
+    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only):
+    one torchrun agent per network namespace, as on ``ranks`` one-GPU nodes."""
+    import subprocess
+
+    from .hosts import shaped, thread_share
+
+    with shaped(ranks, bandwidth) as hosts:
+        procs = []
+        for node, host in enumerate(hosts):
+            cmd = torchrun_command(1, args, nnodes=ranks, node_rank=node,
+                                   master_addr=hosts[0].addr, master_port=29531)
+            # The namespaces share this host's cores: split them, or torch's and the
+            # kernels' thread pools oversubscribe the CPU.
+            share = str(thread_share(ranks))
+            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, HIPRESS_THREADS=share,
+                       OMP_NUM_THREADS=share)
+            env.pop("HIPRESS_BANDWIDTH", None)
+            procs.append(subprocess.Popen([*host.prefix, *cmd], env=env))
+        return max(abs(p.wait()) for p in procs)

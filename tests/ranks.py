@@ -29,8 +29,10 @@ TENSORS = [(0, "float32", True), (1, "float32", True), (7, "float32", True),
 
 
 def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = None,
-           timeout: float = 300, env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run ``scenario`` on ``world`` ranks; return each rank's exit code, JSON and arrays."""
+           timeout: float = 300, env: dict[str, str] | None = None,
+           script: Path = HERE / "ranks.py") -> list[dict[str, Any]]:
+    """Run ``scenario`` (from ``script``, by default this file) on ``world`` ranks;
+    return each rank's exit code, JSON and arrays."""
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
@@ -40,7 +42,7 @@ def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = N
                  OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
         e.update(env or {})
         procs.append(subprocess.Popen(
-            [sys.executable, str(HERE / "ranks.py"), scenario, json.dumps(args or {}),
+            [sys.executable, str(script), scenario, json.dumps(args or {}),
              str(out)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     deadline = time.monotonic() + timeout
     results = []
@@ -197,15 +199,39 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return {"trace": sync.executor.trace}
 
 
+def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """``planner="auto"``: profile once (or load the cache), plan, synchronize twice."""
+    from casync import Synchronizer
+
+    sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
+    sync = Synchronizer(args["algo"], planner="auto", fuse_below=4096, timeout=60)
+    arrays = {}
+    for step in range(2):
+        tensors = [_torch_tensor(data(rank, i, n, step), "float32", True)
+                   for i, n in enumerate(sizes)]
+        for i, t in enumerate(tensors):
+            sync.submit(f"t{i}", t)
+        sync.synchronize()
+        arrays.update({f"{step}/{i}": t.numpy() for i, t in enumerate(tensors)})
+    planner = sync.planner
+    plans = {name: repr(d.plan) for name, d in planner.decisions.items()}  # type: ignore
+    result = {"plans": plans, "digest": planner.cost.digest,  # type: ignore
+              "measured": planner.cost.meta["date"], "sizes": sizes}  # type: ignore
+    sync.close()
+    np.savez(out / f"rank{rank}.npz", **arrays)
+    return result
+
+
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault, mismatch,
-                                                     pipeline)}
+                                                     pipeline, auto_plan)}
 
 
-def main() -> None:
+def main(scenarios: dict[str, Any] | None = None) -> None:
+    """A rank's entry point: run ``sys.argv[1]`` of ``scenarios`` (default: this file's)."""
     scenario, raw, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     rank = int(os.environ["RANK"])
     _init()
-    result = SCENARIOS[scenario](json.loads(raw), rank, folder)
+    result = (scenarios or SCENARIOS)[scenario](json.loads(raw), rank, folder)
     (folder / f"rank{rank}.json").write_text(json.dumps(result))
     # Skip process-group teardown: a dead peer must not turn a report into a hang.
     sys.stdout.flush()
@@ -267,9 +293,10 @@ def _digest(model: Any) -> str:
 
 def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """DDP comm hook and DistributedOptimizer, 20 steps per algorithm; digests and losses."""
-    import hipress.torch as hp
     import torch
     from torch import nn
+
+    import hipress.torch as hp
 
     hp.init()
     world = hp.size()
@@ -311,8 +338,9 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """What DistributedOptimizer says when zero_grad or backward come at the wrong time."""
-    import hipress.torch as hp
     import torch
+
+    import hipress.torch as hp
 
     hp.init()
     x, y = _digits()

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hipress.torch as hp
 import numpy as np
 import pytest
 import ranks
 
+import hipress.torch as hp
 from hipress.launcher import torchrun_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,8 +24,9 @@ ALGOS = ["onebit", "dgc", "terngrad", "fp16", "none"]
 def test_hook_state_validates_its_arguments():
     with pytest.raises(ValueError, match="unknown algorithm"):
         hp.HookState(algorithm="sevenbit")
-    with pytest.raises(ValueError, match="plan='auto' is not available"):
-        hp.HookState(plan="auto")
+    with pytest.raises(ValueError, match="plan must be 'auto'"):
+        hp.HookState(plan="learned")
+    assert hp.HookState(plan="auto").plan == "auto"  # the cost-model planner
     with pytest.raises(ValueError, match="topology"):
         hp.HookState(topology="tree")
     with pytest.raises(ValueError, match="min_compress"):
@@ -36,7 +37,7 @@ def test_hook_state_pickles_without_its_engine():
     state = hp.HookState(algorithm="dgc", ratio=0.01)
     state.sync = object()  # stands in for a live engine
     copy = pickle.loads(pickle.dumps(state))
-    assert copy.sync is None and copy.codec_params == {"ratio": 0.01}
+    assert copy.sync is None and copy.options.params == {"ratio": 0.01}
 
 
 def test_plugin_needs_init_first():

@@ -1,11 +1,36 @@
-"""HiPress for MXNet (``import hipress.mxnet as hp``).
+"""HiPress for MXNet 1.9 (Gluon): ``import hipress.mxnet as hp``.
 
-This module checks that MXNet is importable; it runs in its own virtual
-environment (``.venv-mx``) because MXNet 1.9.1 imports only with NumPy 1.23.5.
+    hp.init()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                            kvstore=hp.KVStore(algorithm="onebit"))
+    # or, averaging like Horovod's DistributedTrainer:
+    trainer = hp.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": 0.1},
+                                    algorithm="onebit")
+    hp.broadcast_parameters(net.collect_params(), root_rank=0)
+
+The same engine and names as ``hipress.torch``; MXNet 1.9.1 needs its own virtual
+environment (``make venv-mx``: NumPy 1.23.5). Runs under ``hipress run`` or torchrun.
 """
 
 from hipress._plugin import require_framework
 
-mx = require_framework("mxnet", "mxnet", "pip install 'hipress[mxnet]' (NumPy 1.23.5 only)")
+mx = require_framework("mxnet", "mxnet", "pip install 'mxnet==1.9.1' 'numpy==1.23.5'")
 
-__all__: list[str] = []
+from hipress.distributed import (  # noqa: E402
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+
+from .functions import broadcast_parameters  # noqa: E402
+from .kvstore import KVStore  # noqa: E402
+from .trainer import DistributedTrainer  # noqa: E402
+
+__all__ = [
+    "init", "is_initialized", "rank", "size", "local_rank", "local_size", "shutdown",
+    "KVStore", "DistributedTrainer", "broadcast_parameters",
+]

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+
 from hipress import distributed as core
 
 

@@ -4,14 +4,13 @@
 
 from typing import Any
 
-import hipress
 import torch
 import torch.distributed as dist
+
 from hipress import distributed as core
 
 __all__ = ["HookState", "comm_hook"]
 
-PLANS = ("static",)
 
 
 class HookState:
@@ -19,7 +18,9 @@ class HookState:
 
     Args:
         algorithm: a CompLL algorithm (``hipress.algorithms()``) or ``"none"``.
-        plan: ``"static"``: compress buffers of at least ``min_compress`` elements.
+        plan: ``"static"``: compress buffers of at least ``min_compress`` elements over
+            ``topology``; ``"auto"``: choose per tensor from costs profiled on this
+            group at start-up (compress or not, topology, partitions).
         topology: ``ps``, ``ring`` or ``allgather``.
         error_feedback: ``None`` = on for biased algorithms.
         min_compress: smaller buckets go through a plain allreduce.
@@ -33,24 +34,12 @@ class HookState:
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
                  error_feedback: bool | None = None, min_compress: int = 16384,
                  timeout: float | None = None, **codec_params: Any) -> None:
-        # user knobs
-        if algorithm != "none" and algorithm not in hipress.algorithms():
-            raise ValueError(f"unknown algorithm {algorithm!r}; choose 'none' or one of "
-                             f"{', '.join(hipress.algorithms())}")
-        if plan not in PLANS:
-            raise ValueError(f"plan={plan!r} is not available: this version plans statically "
-                             "(plan='static'); the cost-model planner is not built yet")
-        if topology not in ("ps", "ring", "allgather"):
-            raise ValueError(f"topology must be ps, ring or allgather, not {topology!r}")
-        if min_compress < 0:
-            raise ValueError(f"min_compress must be >= 0, not {min_compress}")
+        # user knobs, validated here (ValueError says why)
+        self.options = core.EngineOptions(algorithm, plan, topology, min_compress,
+                                          error_feedback, timeout, **codec_params)
         self.algorithm = algorithm
         self.plan = plan
         self.topology = topology
-        self.error_feedback = error_feedback
-        self.min_compress = min_compress
-        self.timeout = timeout
-        self.codec_params = codec_params
         # internal state, created on the first bucket (the process group exists by then)
         self.sync: Any = None
         # statistics
@@ -58,15 +47,7 @@ class HookState:
 
     def synchronizer(self) -> Any:
         if self.sync is None:
-            from casync import StaticPlanner
-
-            if not core.is_initialized():
-                core.init()
-            planner = StaticPlanner(self.algorithm, self.topology,
-                                    min_compress=self.min_compress, **self.codec_params)
-            self.sync = core.synchronizer(self.algorithm, topology=self.topology,
-                                          planner=planner, error_feedback=self.error_feedback,
-                                          timeout=self.timeout, **self.codec_params)
+            self.sync = self.options.engine()
         return self.sync
 
     @property

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
@@ -16,7 +17,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed into the user's optimizer class (Horovod's pattern)."""
 
     def __init__(self, params: Any, named_parameters: list[tuple[str, torch.Tensor]],
-                 algorithm: str, backward_passes_per_step: int, options: dict[str, Any]) -> None:
+                 backward_passes_per_step: int, options: core.EngineOptions) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         if backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
@@ -32,9 +33,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{len(unnamed)} optimized parameters are missing from "
                              "named_parameters; pass model.named_parameters() for the same "
                              "model the optimizer updates")
-        if not core.is_initialized():
-            core.init()
-        self._sync = core.synchronizer(algorithm, **options)
+        self._sync = options.engine()
         self._counts: dict[torch.Tensor, int] = {}
         self._submitted: set[torch.Tensor] = set()
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
@@ -85,7 +84,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
                          algorithm: str = "onebit", backward_passes_per_step: int = 1,
                          topology: str = "ps", error_feedback: bool | None = None,
                          min_compress: int = 16384, timeout: float | None = None,
-                         **codec_params: Any) -> torch.optim.Optimizer:
+                         plan: str = "static", **codec_params: Any) -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks as backward produces them.
 
     Args:
@@ -96,6 +95,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
         backward_passes_per_step: local gradient accumulation before each sync.
         min_compress: gradients (or buckets of small ones) under this many elements go
             through a plain allreduce.
+        plan: ``"static"`` (``topology`` and ``min_compress``) or ``"auto"`` (the
+            cost-model planner on costs profiled once on this group).
         topology, error_feedback, timeout, **codec_params: as for ``casync.Synchronizer``.
 
     Returns:
@@ -114,9 +115,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
         named = list(named_parameters)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    from casync import StaticPlanner
-
-    planner = StaticPlanner(algorithm, topology, min_compress=min_compress, **codec_params)
-    options = {"topology": topology, "error_feedback": error_feedback, "timeout": timeout,
-               "planner": planner, **codec_params}
-    return cls(optimizer.param_groups, named, algorithm, backward_passes_per_step, options)
+    options = core.EngineOptions(algorithm, plan, topology, min_compress, error_feedback,
+                                 timeout, **codec_params)
+    return cls(optimizer.param_groups, named, backward_passes_per_step, options)

@@ -1,0 +1,173 @@
+"""Cluster simulation: scaling of each strategy on N nodes x G GPUs, from the cost model.
+
+For every model profile (tensor sizes in backward order, backward time on one
+V100-class GPU: ``casync.models.TIMINGS``), every node count and link rate, one
+iteration is simulated (``casync.simulate``) for:
+
+* ``allreduce``      uncompressed ring allreduce over 25 MB buckets (Horovod, DDP);
+* ``byteps-onebit``  BytePS-like: onebit over ps, 4 MB partitions, tensors under 64 KB raw;
+* ``ring-dgc``       DGC (0.1 %) over the compressed ring, tensors under 262,144 raw;
+* ``naive``          per tensor: onebit encode, all-gather, decode all (GRACE-style);
+* ``powersgd``       torch's PowerSGD hook, rank 4, per 25 MB bucket;
+* ``casync-onebit``, ``casync-dgc``  the engine with the cost-model planner.
+
+An iteration takes forward + max(backward, sync end); scaling efficiency is the
+single-GPU iteration time over that (weak scaling, same batch per GPU). The cluster's
+costs are ``CostModel.cluster`` (stated V100 + NVLink + Ethernet figures, not
+measurements), so read the results as the model's predictions.
+
+    hipress bench simulate                          # all models, 1..16 nodes x 8 GPUs
+    hipress bench simulate --models resnet50 --nodes 16 --bandwidths 25gbit
+    hipress bench simulate --profile profile.json   # this host's measured costs instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from casync.costmodel import CostModel  # noqa: E402
+from casync.models import PROFILES, TIMINGS, layers  # noqa: E402
+from casync.plan import StaticPlanner  # noqa: E402
+from casync.planner import CostPlanner  # noqa: E402
+from casync.simulate import ready_times, simulate  # noqa: E402
+from casync.transport import parse_rate  # noqa: E402
+
+RESULTS = HERE / "results"
+STRATEGIES = ("allreduce", "byteps-onebit", "ring-dgc", "naive", "powersgd",
+              "casync-onebit", "casync-dgc")
+
+
+def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> float:
+    """When one iteration's synchronization ends under strategy ``name``."""
+    if name in ("allreduce", "naive", "powersgd"):
+        return simulate(cost, nodes, grads, name).end
+    if name == "byteps-onebit":
+        return simulate(cost, nodes, grads, "casync", fuse_below=0,
+                        planner=StaticPlanner("onebit", "ps", min_compress=16384)).end
+    if name == "ring-dgc":
+        return simulate(cost, nodes, grads, "casync",
+                        planner=StaticPlanner("dgc", "ring", min_compress=262144)).end
+    if name.startswith("casync-"):
+        return simulate(cost, nodes, grads, "casync",
+                        planner=CostPlanner(cost, (name.split("-", 1)[1],))).end
+    raise ValueError(f"unknown strategy {name!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hipress bench simulate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=list(PROFILES), choices=list(PROFILES))
+    parser.add_argument("--nodes", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
+    parser.add_argument("--bandwidths", nargs="+", default=["25gbit", "100gbit"])
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
+                        choices=list(STRATEGIES))
+    parser.add_argument("--profile", type=Path,
+                        help="use this measured profile's compute costs instead of the "
+                             "V100 figures (its link costs are replaced by --bandwidths)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "simulate.json")
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+    from rich.progress import track
+
+    rows: list[dict[str, Any]] = []
+    jobs = [(m, bw, n) for m in args.models for bw in args.bandwidths for n in args.nodes]
+    t0 = time.perf_counter()
+    for model, bw, nodes in track(jobs, description="simulating", transient=True):
+        cost = CostModel.cluster(nodes, args.gpus, parse_rate(bw), ("onebit", "dgc"))
+        if args.profile:
+            measured = CostModel.load(args.profile)
+            for key, fit in measured.costs.items():
+                if key.split("/")[0] in ("encode", "decode", "merge"):
+                    cost.costs[key] = fit
+        timing = TIMINGS[model]
+        grads = ready_times(layers(model), timing.backward_ms / 1e3)
+        single = (timing.forward_ms + timing.backward_ms) / 1e3
+        for name in args.strategies:
+            end = run_strategy(cost, nodes, grads, name)
+            iteration = timing.forward_ms / 1e3 + max(timing.backward_ms / 1e3, end)
+            rows.append({"model": model, "bandwidth": bw, "nodes": nodes, "gpus": args.gpus,
+                         "strategy": name, "sync_end_s": end, "iteration_s": iteration,
+                         "efficiency": single / iteration})
+    seconds = time.perf_counter() - t0
+    result = {"rows": rows, "gpus": args.gpus, "seconds": seconds,
+              "timings": {m: vars(TIMINGS[m]) for m in args.models},
+              "profile": str(args.profile) if args.profile else None}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    report(result, Console(width=130))
+    plot(result, args.out.with_suffix(".png"))
+    print(f"simulated {len(rows)} iterations in {seconds:.1f} s; wrote {args.out} and "
+          f"{args.out.with_suffix('.png')}")
+    return 0
+
+
+def report(result: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    rows = result["rows"]
+    top = max(r["nodes"] for r in rows)
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    for bw in dict.fromkeys(r["bandwidth"] for r in rows):
+        table = Table(title=f"scaling efficiency, {top} nodes x {result['gpus']} GPUs, {bw} "
+                            "(simulated); last columns: casync-onebit speedup over")
+        table.add_column("model")
+        for s in strategies:
+            table.add_column(s, justify="right")
+        others = [s for s in strategies if s != "casync-onebit"] \
+            if "casync-onebit" in strategies else []
+        for s in others:
+            table.add_column(f"x {s}", justify="right")
+        for model in dict.fromkeys(r["model"] for r in rows):
+            sel = {r["strategy"]: r for r in rows
+                   if r["model"] == model and r["bandwidth"] == bw and r["nodes"] == top}
+            cells = [f"{sel[s]['efficiency']:.2f}" for s in strategies]
+            if others:
+                mine = sel["casync-onebit"]["iteration_s"]
+                cells += [f"{sel[s]['iteration_s'] / mine:.2f}" for s in others]
+            table.add_row(model, *cells)
+        console.print(table)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    bws = list(dict.fromkeys(r["bandwidth"] for r in rows))
+    fig, axes = plt.subplots(len(bws), len(models), figsize=(3 * len(models), 3 * len(bws)),
+                             squeeze=False, sharey=True)
+    for i, bw in enumerate(bws):
+        for j, model in enumerate(models):
+            ax = axes[i][j]
+            for s in dict.fromkeys(r["strategy"] for r in rows):
+                pts = sorted((r["nodes"], r["efficiency"]) for r in rows
+                             if r["model"] == model and r["bandwidth"] == bw
+                             and r["strategy"] == s)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=s)
+            ax.set_title(f"{model}, {bw}", fontsize=9)
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(0, 1.05)
+            if j == 0:
+                ax.set_ylabel("scaling efficiency")
+            if i == len(bws) - 1:
+                ax.set_xlabel(f"nodes (x{result['gpus']} GPUs)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,234 @@
+"""The cost model: each primitive costs t(x) = a + b·x, fitted from measurements.
+
+A ``CostModel`` holds one ``Linear`` per primitive (keys below), the world it was
+measured on and where. The profiler (``casync.profiler``) fills it on a real group;
+``CostModel.cluster`` builds one for a hypothetical cluster from stated hardware
+figures. The planner and the simulator read nothing else.
+
+Keys: ``send`` (seconds per message of x bytes between two ranks while every rank
+sends), ``allreduce`` (seconds for x float32 elements over the measured world),
+``merge`` (x elements added in place), ``encode/ALGO`` and ``decode/ALGO`` (x elements),
+``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` (the engine's own
+cost per graph beyond its primitives: building it, dispatching its tasks) and, for
+several GPUs per node, ``intra`` (seconds per byte moved within a node).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hipress.errors import ConfigError
+
+__all__ = ["Linear", "CostModel", "payload_bytes"]
+
+
+@dataclass(frozen=True)
+class Linear:
+    """t(x) = max(a + b·x, floor), with the R² of the fit that produced it.
+
+    Example:
+        >>> Linear.fit([1, 2, 3], [2.0, 3.0, 4.0])(10)
+        11.0
+    """
+
+    a: float
+    b: float
+    r2: float = 1.0
+    floor: float = 0.0
+
+    def __call__(self, x: float) -> float:
+        return max(self.a + self.b * x, self.floor)
+
+    @classmethod
+    def fit(cls, xs: Any, ts: Any) -> Linear:
+        """Least-squares fit of ``ts ≈ a + b·xs`` in relative error; a negative intercept
+        is clamped to 0 and the smallest measured time becomes the floor."""
+        x = np.asarray(xs, np.float64)
+        t = np.asarray(ts, np.float64)
+        if x.size < 2 or np.ptp(x) == 0:
+            raise ValueError("fitting a line needs at least two distinct sizes")
+        # Relative residuals: small sizes matter as much as large ones to a planner.
+        w = 1.0 / np.maximum(t, 1e-12)
+        design = np.stack([x, np.ones_like(x)], 1) * w[:, None]
+        (b, a), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+        a, b = max(float(a), 0.0), max(float(b), 0.0)
+        resid = t - (a + b * x)
+        spread = float(np.sum((t - t.mean()) ** 2))
+        r2 = 1.0 - float(np.sum(resid ** 2)) / spread if spread > 0 else 1.0
+        return cls(a, b, r2, float(t.min()))
+
+    def to_json(self) -> dict[str, float]:
+        return {"a": self.a, "b": self.b, "r2": self.r2, "floor": self.floor}
+
+    @classmethod
+    def from_json(cls, d: dict[str, float]) -> Linear:
+        return cls(float(d["a"]), float(d["b"]), float(d.get("r2", 1.0)),
+                   float(d.get("floor", 0.0)))
+
+
+@dataclass
+class CostModel:
+    """Fitted primitive costs for one kind of host and network.
+
+    Attributes:
+        world: ranks (nodes) the collectives were measured on.
+        gpus: workers per node; above 1, ``intra`` prices the traffic inside a node.
+        costs: ``Linear`` per key (see the module docstring).
+        meta: where and how it was measured (host, devices, link, date, sizes).
+    """
+
+    world: int
+    costs: dict[str, Linear]
+    gpus: int = 1
+    meta: dict[str, Any] = field(default_factory=dict)
+    #: how much of a send's time the CPU stays free for compute (1: a separate link,
+    #: 0 or less: the same cores, as with several ranks on few cores over loopback)
+    overlap: float = 1.0
+
+    @property
+    def shared(self) -> bool:
+        """Whether compute and communication contend for one resource on this host."""
+        return self.overlap < 0.5
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def _get(self, key: str) -> Linear:
+        try:
+            return self.costs[key]
+        except KeyError:
+            have = sorted(k.split("/", 1)[1] for k in self.costs if k.startswith("encode/"))
+            raise ConfigError(f"the cost model has no {key!r}; it was profiled for "
+                              f"{', '.join(have) or 'no algorithms'} — profile again "
+                              "with that algorithm (hipress profile --algorithms ...)") from None
+
+    @property
+    def algorithms(self) -> list[str]:
+        return sorted(k.split("/", 1)[1] for k in self.costs if k.startswith("encode/"))
+
+    def encode(self, algo: str, n: float) -> float:
+        return self._get(f"encode/{algo}")(n)
+
+    def decode(self, algo: str, n: float) -> float:
+        return self._get(f"decode/{algo}")(n)
+
+    def nbytes(self, algo: str, n: float) -> float:
+        return self._get(f"bytes/{algo}")(n)
+
+    def send(self, nbytes: float) -> float:
+        return self._get("send")(nbytes)
+
+    def merge(self, n: float) -> float:
+        return self._get("merge")(n)
+
+    def allreduce(self, n: float, world: int) -> float:
+        """Uncompressed allreduce of n floats: measured when the world matches, else a
+        ring of 2(N-1) steps priced by ``send``."""
+        if world <= 1:
+            return 0.0
+        if world == self.world and "allreduce" in self.costs:
+            return self.costs["allreduce"](n)
+        send = self._get("send")
+        return 2 * (world - 1) * (send.a + send.b * 4 * n / world) \
+            + (world - 1) * self.merge(n / world)
+
+    def intra(self, nbytes: float) -> float:
+        """Moving ``nbytes`` in a reduce-scatter or allgather inside a node of ``gpus``."""
+        if self.gpus <= 1:
+            return 0.0
+        return self._get("intra")((self.gpus - 1) / self.gpus * nbytes)
+
+    @property
+    def digest(self) -> str:
+        """A short hash of the fitted costs: equal models plan alike."""
+        import hashlib
+
+        body = json.dumps({k: v.to_json() for k, v in sorted(self.costs.items())},
+                          sort_keys=True)
+        head = f"{self.world}/{self.gpus}/{self.overlap}"
+        return hashlib.sha256(f"{head}/{body}".encode()).hexdigest()[:12]
+
+    # -- persistence ---------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"world": self.world, "gpus": self.gpus, "overlap": self.overlap,
+                "meta": self.meta,
+                "costs": {k: v.to_json() for k, v in sorted(self.costs.items())}}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CostModel:
+        try:
+            return cls(int(d["world"]), {k: Linear.from_json(v) for k, v in d["costs"].items()},
+                       int(d.get("gpus", 1)), dict(d.get("meta", {})),
+                       float(d.get("overlap", 1.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"not a HiPress cost profile ({exc!r}); create one with "
+                              "`hipress profile`") from None
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the profile {path}: {exc.strerror}; create it "
+                              "with `hipress profile -o FILE`") from None
+        try:
+            return cls.from_json(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not JSON ({exc}); create it with "
+                              "`hipress profile -o FILE`") from None
+
+    # -- a cluster on paper --------------------------------------------------------------
+
+    @classmethod
+    def cluster(cls, nodes: int, gpus: int, bandwidth_bps: float,
+                algorithms: tuple[str, ...] = ("onebit", "dgc"),
+                intra_Bps: float = 130e9) -> CostModel:
+        """A cost model for ``nodes`` × ``gpus`` V100-class GPUs on a ``bandwidth_bps`` network.
+
+        Assumed figures (stated, not measured here): GPU codecs stream their input at
+        150 GB/s (a sixth of the V100's 900 GB/s HBM2, what memory-bound CompLL-style
+        kernels reach) with a 15 µs launch; top-k style selection (``dgc``,
+        ``graddrop``) at 30 GB/s; merge at the full 900 GB/s; inter-node messages cost 25 µs plus
+        bytes at 90 % of the line rate; NVLink collectives inside a node move 130 GB/s;
+        GEMMs (PowerSGD) run at 10 TFLOP/s.
+        Payload sizes are the real codecs' (``payload_bytes``).
+        """
+        gbps = 150e9 / 4   # elements per second
+        costs = {
+            "send": Linear(25e-6, 1.0 / (0.9 * bandwidth_bps / 8)),
+            "merge": Linear(5e-6, 12 / 900e9),  # read two floats, write one
+            "intra": Linear(10e-6, 1.0 / intra_Bps),
+            "flops": Linear(10e-6, 1.0 / 10e12),  # fp32 GEMMs at 10 of 15.7 peak TFLOP/s
+        }
+        for algo in algorithms:
+            slow = algo in ("dgc", "graddrop", "topk")
+            costs[f"encode/{algo}"] = Linear(15e-6, 1.0 / (gbps / 5 if slow else gbps))
+            costs[f"decode/{algo}"] = Linear(15e-6, 1.0 / gbps)
+            costs[f"bytes/{algo}"] = payload_bytes(algo)
+        return cls(nodes, costs, gpus, {"kind": "cluster", "nodes": nodes, "gpus": gpus,
+                                        "bandwidth_bps": bandwidth_bps})
+
+
+def payload_bytes(algo: str, sizes: tuple[int, ...] = (16384, 262144, 1 << 20),
+                  **params: Any) -> Linear:
+    """Payload bytes per element count of ``algo``, fitted from real encodes (the
+    reference codec, so no build is needed)."""
+    import hipress
+
+    codec = hipress.codec(algo, target="ref", **params)
+    rng = np.random.default_rng(0)
+    counts = [codec.encode(rng.standard_normal(n).astype(np.float32)).nbytes for n in sizes]
+    fit = Linear.fit(sizes, counts)
+    return Linear(fit.a, fit.b, fit.r2)

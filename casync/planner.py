@@ -1,0 +1,123 @@
+"""Selective compression and partitioning from the cost model (SeCoPa, with overlap).
+
+For each tensor, in the order tensors arrive, ``CostPlanner`` tries every candidate —
+no compression, or each algorithm over ps, ring and allgather, with K = 1..N partitions
+— by scheduling its stages on a copy of the rank's lanes (``casync.timeline``) after
+everything already planned, and keeps the one that finishes first. So the decision
+counts pipelining across partitions and the work already queued on each lane: with a
+busy link it compresses more, with a busy compute lane less (Espresso's lesson).
+
+Every rank computes the same plans from the same cost model and the same submission
+order, so plans agree without messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costmodel import CostModel
+from .plan import Plan
+from .timeline import Lanes, predict
+
+__all__ = ["CostPlanner", "Decision"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A planned tensor: the plan, when it was ready and when it is predicted done, and
+    the best uncompressed finish it was compared with."""
+
+    name: str
+    numel: int
+    plan: Plan
+    ready: float
+    finish: float
+    uncompressed: float
+
+    @property
+    def seconds(self) -> float:
+        return self.finish - self.ready
+
+
+@dataclass
+class CostPlanner:
+    """Plans each tensor to minimise its predicted finish on the rank's lanes.
+
+    Args:
+        cost: the fitted cost model (``hipress profile``) or a cluster model.
+        algorithms: algorithms it may compress with.
+        topologies: compressed topologies it may use.
+        max_partitions: cap on K (default: the world size).
+        small: tensors under this many elements are planned as one message of
+            ``small`` elements would be, since the engine batches them.
+
+    Example:
+        >>> planner = CostPlanner(CostModel.load("profile.json"), ("onebit",))
+        >>> Synchronizer(planner=planner)
+    """
+
+    cost: CostModel
+    algorithms: tuple[str, ...] = ("onebit",)
+    topologies: tuple[str, ...] = ("ps", "ring", "allgather")
+    max_partitions: int | None = None
+    small: int = 262144
+    lanes: Lanes = field(default_factory=Lanes, repr=False)
+    decisions: dict[str, Decision] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.algorithms = tuple(self.algorithms)
+        self.topologies = tuple(self.topologies)
+        for algo in self.algorithms:
+            self.cost.encode(algo, 1)  # a clear error now if the profile lacks it
+
+    def candidates(self, numel: int, world: int) -> list[Plan]:
+        """Every plan considered for a tensor of ``numel`` elements, uncompressed first."""
+        out = [Plan("none", None, 1)]
+        if world < 2:
+            return out
+        top = min(self.max_partitions or world, world, max(numel, 1))
+        for algo in self.algorithms:
+            for topo in self.topologies:
+                out += [Plan(topo, algo, k) for k in range(1, top + 1)]
+        return out
+
+    def choose(self, name: str, numel: int, world: int, ready: float = 0.0) -> Decision:
+        """Plan one tensor that is ready at ``ready`` and commit it to the lanes."""
+        best: tuple[float, Plan, Lanes] | None = None
+        uncompressed = float("inf")
+        for plan in self.candidates(numel, world):
+            lanes = self.lanes.copy()
+            finish = predict(lanes, self.cost, plan, numel, world, ready)
+            if not plan.compress:
+                uncompressed = min(uncompressed, finish)
+            # Strictly better only: ties keep the simpler plan listed earlier.
+            if best is None or finish < best[0] * (1 - 1e-9):
+                best = (finish, plan, lanes)
+        assert best is not None
+        self.lanes = best[2]
+        decision = Decision(name, numel, best[1], ready, best[0], uncompressed)
+        self.decisions[name] = decision
+        return decision
+
+    def plan(self, name: str, numel: int, world_size: int) -> Plan:
+        """The engine's interface: the plan for ``name``, decided on first sight."""
+        if numel < self.small:
+            # Batched with its neighbours: price a whole batch, apart from the lanes.
+            key = f"<small x{world_size}>"
+            if key not in self.decisions:
+                saved = self.lanes
+                self.lanes = Lanes()
+                self.choose(key, self.small, world_size)
+                self.lanes = saved
+            plan = self.decisions[key].plan
+            return Plan(plan.topology, plan.algorithm, 1, plan.params)
+        decision = self.decisions.get(name)
+        if decision is None or decision.numel != numel:
+            decision = self.choose(name, numel, world_size)
+        return decision.plan
+
+    def __repr__(self) -> str:
+        # Used in the engine's config agreement check: same model, same planner.
+        return (f"CostPlanner({self.algorithms}, {self.topologies}, world={self.cost.world}, "
+                f"max_partitions={self.max_partitions}, small={self.small}, "
+                f"profile={self.cost.digest})")

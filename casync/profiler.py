@@ -1,0 +1,280 @@
+"""The profiler: measure each primitive on the real host and group, fit t(x) = a + b·x.
+
+Every rank runs every measurement at the same time (so the timings carry the CPU and
+link contention of a real step), and the slowest rank's median per size is fitted;
+all ranks therefore hold the same ``CostModel``. ``cached`` runs it once per host,
+world and settings and keeps the result under the HiPress cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import hipress
+
+from . import primitives as P
+from .costmodel import CostModel, Linear
+from .feedback import ErrorFeedback
+from .transport import Transport
+
+__all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
+
+#: element counts swept for the compute primitives and the allreduce
+ELEMENTS = tuple(4 ** k for k in range(5, 12))       # 1,024 .. 4,194,304
+#: message sizes swept for point-to-point sends
+BYTES = tuple(4 ** k for k in range(5, 13))          # 1 KiB .. 16 MiB
+
+
+def _max_over_ranks(transport: Transport, values: list[float]) -> list[float]:
+    import torch
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if transport.size > 1:
+        transport.dist.all_reduce(t, op=transport.dist.ReduceOp.MAX, group=transport.group)
+    return [float(v) for v in t]
+
+
+def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
+           run: Callable[[int], None]) -> Linear:
+    """Time ``run(size)`` on every rank at once; fit the slowest rank's medians."""
+    medians = []
+    for size in sizes:
+        run(size)  # warm caches, pages and connections
+        times = []
+        for _ in range(reps):
+            if transport.size > 1:
+                transport.dist.barrier(group=transport.group)
+            t0 = time.perf_counter()
+            run(size)
+            times.append(time.perf_counter() - t0)
+        medians.append(statistics.median(times))
+    return Linear.fit(sizes, _max_over_ranks(transport, medians))
+
+
+#: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
+_POOL = 16 << 20
+
+
+class _Cold:
+    """Successive slices of a large array, so each timed call reads memory a real step
+    would find outside the caches (every gradient is a different buffer)."""
+
+    def __init__(self, pool: np.ndarray) -> None:
+        self.pool = pool
+        self.offset = 0
+
+    def __call__(self, n: int) -> np.ndarray:
+        if self.offset + n > self.pool.size:
+            self.offset = 0
+        view = self.pool[self.offset:self.offset + n]
+        self.offset += n
+        return view
+
+
+def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
+                 elements: tuple[int, ...], reps: int, target: str,
+                 error_feedback: bool | None) -> dict[str, Linear]:
+    """Encode (with residuals where the engine keeps them), decode-and-merge, bytes."""
+    from .costmodel import payload_bytes
+
+    codec = hipress.codec(algo, target=target)
+    on = (not codec.unbiased) if error_feedback is None else error_feedback
+    feedback = ErrorFeedback() if on else None
+    out = np.empty(codec.max_payload_bytes(max(elements)), np.uint8)
+    payloads = {n: codec.encode(x(n)).copy() for n in elements}
+
+    def encode(n: int) -> None:
+        P.encode(codec, x(n), 0, feedback, n, out)
+
+    def decode(n: int) -> None:
+        P.decode(codec, payloads[n], acc(n), accumulate=True)
+
+    return {f"encode/{algo}": _sweep(transport, elements, reps, encode),
+            f"decode/{algo}": _sweep(transport, elements, reps, decode),
+            f"bytes/{algo}": payload_bytes(algo, **codec.params)}
+
+
+def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
+                    reps: int) -> Linear:
+    """The engine's own cost per graph: Synchronizer steps of T tiny tensors, each its
+    own graph, timed for two T; the per-graph slope beyond what the primitives above
+    predict for the same graphs is the overhead (graph building, dispatch, threads)."""
+    import torch
+
+    from .plan import StaticPlanner
+    from .simulate import Gradient, simulate
+    from .synchronizer import Synchronizer
+
+    algorithm = "none" if topology == "none" else algo
+    planner = StaticPlanner(algorithm, topology if topology != "none" else "ps",
+                            min_compress=0, partition_bytes=1 << 30)
+    sync = Synchronizer(algorithm, planner=planner, fuse_below=0, group=transport.group,
+                        transport=transport, timeout=600)
+    counts = (16, 64)
+    measured = []
+    try:
+        for count in counts:
+            tensors = [torch.ones(256) for _ in range(count)]
+
+            def step(_: int, tensors: list[Any] = tensors) -> None:
+                for i, t in enumerate(tensors):
+                    sync.submit(f"g{i}", t)
+                sync.synchronize()
+
+            step(0)
+            times = []
+            for _ in range(reps):
+                transport.dist.barrier(group=transport.group)
+                t0 = time.perf_counter()
+                step(0)
+                times.append(time.perf_counter() - t0)
+            measured.append(statistics.median(times))
+    finally:
+        sync.close()
+    measured = _max_over_ranks(transport, measured)
+    predicted = [simulate(model, transport.size, [Gradient(f"g{i}", 256) for i in range(n)],
+                          "casync", planner=planner, fuse_below=0).end for n in counts]
+    slope = (measured[1] - measured[0]) / (counts[1] - counts[0])
+    model_slope = (predicted[1] - predicted[0]) / (counts[1] - counts[0])
+    return Linear(max(slope - model_slope, 0.0), 0.0)
+
+
+def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps: int,
+             send: Callable[[int], None]) -> float:
+    """How much of a ring send the CPU can spend computing: time a merge alone, a send
+    of about the same length alone, and both at once; 1 means fully parallel."""
+    n = x.size
+    work = np.zeros_like(x)
+    alone = costs["merge"](n)
+    fit = costs["send"]
+    nbytes = int(min(max((alone - fit.a) / max(fit.b, 1e-15), 64 << 10), 16 << 20))
+
+    def merge_during_send(nb: int) -> None:
+        import threading
+
+        thread = threading.Thread(target=send, args=(nb,))
+        thread.start()
+        P.merge(work, x)
+        thread.join()
+
+    results = []
+    for f in (lambda nb: P.merge(work, x), send, merge_during_send):
+        times = []
+        for _ in range(reps + 1):
+            transport.dist.barrier(group=transport.group)
+            t0 = time.perf_counter()
+            f(nbytes)
+            times.append(time.perf_counter() - t0)
+        results.append(statistics.median(times[1:]))
+    t_merge, t_send, t_both = _max_over_ranks(transport, results)
+    return max(-1.0, min(1.0, (t_merge + t_send - t_both) / max(min(t_merge, t_send), 1e-9)))
+
+
+def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
+            elements: tuple[int, ...] = ELEMENTS, message_bytes: tuple[int, ...] = BYTES,
+            reps: int = 3, target: str = "auto", error_feedback: bool | None = None,
+            say: Callable[[str], Any] = lambda _: None) -> CostModel:
+    """Profile the primitives on ``transport``'s group (a collective: call on every rank).
+
+    Args:
+        transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
+        algorithms: codecs to time encode and decode for.
+        elements, message_bytes: the size sweeps.
+        reps: timed repetitions per size (the median is kept).
+        target: codec target, as for ``hipress.codec``.
+        error_feedback: time encodes with residuals (``None``: as the engine does,
+            on for biased codecs).
+        say: progress callback.
+
+    Returns:
+        The fitted ``CostModel``, identical on every rank.
+
+    Example:
+        >>> cost = measure(Transport(), ("onebit", "dgc"))
+        >>> cost.encode("onebit", 1 << 20)
+    """
+    rng = np.random.default_rng(transport.rank)
+    x = _Cold((rng.standard_normal(_POOL) * 1e-3).astype(np.float32))
+    acc = _Cold(np.zeros(_POOL, np.float32))
+    costs: dict[str, Linear] = {}
+
+    def merge(n: int) -> None:
+        P.merge(acc(n), x(n))
+
+    costs["merge"] = _sweep(transport, elements, reps, merge)
+    say(f"merge: {costs['merge']}")
+    for algo in algorithms:
+        costs.update(_codec_costs(transport, algo, x, acc, elements, reps, target,
+                                  error_feedback))
+        say(f"{algo}: encode {costs[f'encode/{algo}']}, decode {costs[f'decode/{algo}']}")
+    if transport.size > 1:
+        right = (transport.rank + 1) % transport.size
+        left = (transport.rank - 1) % transport.size
+        send_buf = np.zeros(max(message_bytes), np.uint8)
+        recv_buf = np.empty_like(send_buf)
+
+        def send(nbytes: int) -> None:
+            # Every rank sends to its right and receives from its left, as a ring hop.
+            handles = [transport.isend(send_buf[:nbytes], right, 1),
+                       transport.irecv(nbytes, left, 1, recv_buf[:nbytes])]
+            for handle in handles:
+                transport.wait(handle, 600)
+
+        def allreduce(n: int) -> None:
+            transport.wait(transport.allreduce(acc(n)), 600)
+
+        costs["send"] = _sweep(transport, message_bytes, reps, send)
+        say(f"send: {costs['send']}")
+        costs["allreduce"] = _sweep(transport, elements, reps, allreduce)
+        say(f"allreduce: {costs['allreduce']}")
+        overlap = _overlap(transport, costs, x(max(elements)), reps, send)
+        say(f"compute/communication overlap: {overlap:.2f}")
+        model = CostModel(transport.size, dict(costs), 1, {}, overlap)
+        for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
+            costs[f"graph/{topo}"] = _graph_overhead(transport, model, algorithms[0]
+                                                     if algorithms else "none", topo, reps)
+            say(f"engine overhead per {topo} graph: {costs[f'graph/{topo}'].a * 1e6:.0f} µs")
+    meta = {"host": platform.node(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
+            "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
+            "hipress": hipress.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "elements": list(elements), "message_bytes": list(message_bytes), "reps": reps}
+    return CostModel(transport.size, costs, 1, meta,
+                     overlap if transport.size > 1 else 1.0)
+
+
+def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:
+    from compll.build import cache_dir
+
+    key = json.dumps([platform.node(), transport.size, sorted(algorithms), target,
+                      hipress.__version__, os.environ.get("HIPRESS_BANDWIDTH"),
+                      os.environ.get("HIPRESS_THREADS")])
+    return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "auto",
+           say: Callable[[str], Any] = lambda _: None) -> CostModel:
+    """Rank 0's cached profile for this host, world and settings, measured (on every
+    rank) when rank 0 has none; every rank returns the same model."""
+    path = _cache_path(transport, algorithms, target)
+    text = [path.read_text() if transport.rank == 0 and path.exists() else None]
+    if transport.size > 1:
+        transport.dist.broadcast_object_list(text, src=transport.dist.get_global_rank(
+            transport.group, 0) if transport.group is not None else 0, group=transport.group)
+    if text[0] is not None:
+        return CostModel.from_json(json.loads(text[0]))
+    say("profiling the primitives once for plan='auto' (cached afterwards)")
+    cost = measure(transport, algorithms, target=target, say=say)
+    if transport.rank == 0:
+        cost.save(path)
+    return cost

@@ -1,0 +1,231 @@
+"""Predict one iteration's synchronization: strategies, backward order and the lanes.
+
+``simulate`` walks a model's gradients in backward order (each ready when backward has
+produced it), groups them the way a strategy does (DDP's 25 MB buckets, the engine's
+batches of small tensors, BytePS's per-tensor partitions), plans each group and
+schedules its stages on one rank's lanes (``casync.timeline``). The planner, the
+simulator and the validation against ``bench sync`` share this one model.
+
+Strategies: ``allreduce`` (uncompressed, 25 MB buckets), ``naive`` (per tensor:
+encode, all-gather, decode all, one after another), ``powersgd`` (torch's hook:
+per bucket a rank-r P allreduce then a Q allreduce), and ``casync`` with any planner
+(``StaticPlanner`` for fixed strategies such as BytePS-onebit or ring-DGC,
+``CostPlanner`` for the planner).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .costmodel import CostModel
+from .plan import Plan, Planner
+from .planner import CostPlanner
+from .timeline import Lanes, Stage, on_host, predict
+
+__all__ = ["Gradient", "Unit", "Result", "simulate", "ready_times", "DDP_BUCKET"]
+
+DDP_BUCKET = 25 << 20 >> 2  # DDP's default bucket_cap_mb, in float32 elements
+
+
+@dataclass(frozen=True)
+class Gradient:
+    """A gradient tensor and the time (seconds from the start of backward) it is ready."""
+
+    name: str
+    numel: int
+    ready: float = 0.0
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one message group carried: its label, size, plan and predicted times."""
+
+    name: str
+    numel: int
+    plan: Plan | None
+    ready: float
+    finish: float
+
+
+@dataclass
+class Result:
+    """A simulated iteration: when synchronization ends and what each unit did."""
+
+    strategy: str
+    end: float
+    units: list[Unit] = field(default_factory=list)
+
+    @property
+    def compressed(self) -> int:
+        return sum(u.numel for u in self.units if u.plan is not None and u.plan.compress)
+
+
+def ready_times(layers: Sequence[Any], backward_s: float) -> list[Gradient]:
+    """Spread ``backward_s`` over ``layers`` (``casync.models.Layer``) by their work
+    weights; a gradient is ready when backward has done its layer."""
+    weights = [max(layer.work, 0.0) for layer in layers]
+    total = sum(weights) or 1.0
+    out, t = [], 0.0
+    for layer, w in zip(layers, weights, strict=True):
+        t += backward_s * w / total
+        out.append(Gradient(layer.name, layer.numel, t))
+    return out
+
+
+def _groups(grads: Sequence[Gradient], limit: int) -> list[tuple[str, int, float]]:
+    """Consecutive gradients in groups of at least ``limit`` elements (DDP buckets)."""
+    out: list[tuple[str, int, float]] = []
+    names: list[str] = []
+    numel = 0
+    for g in grads:
+        names.append(g.name)
+        numel += g.numel
+        if numel >= limit:
+            out.append((f"bucket[{names[0]}..{names[-1]}]", numel, g.ready))
+            names, numel = [], 0
+    if names:
+        out.append((f"bucket[{names[0]}..{names[-1]}]", numel, grads[-1].ready))
+    return out
+
+
+def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,
+            fuse_below: int, bucket_elems: int) -> Result:
+    """The engine's grouping: small tensors batched (raw or packed), the rest alone."""
+    own = Lanes()
+    if isinstance(planner, CostPlanner):
+        planner.lanes = own
+    result = Result("casync", 0.0)
+    buckets: dict[bool, list[Gradient]] = {False: [], True: []}
+
+    def run(name: str, numel: int, ready: float, plan: Plan | None = None) -> None:
+        if plan is None and isinstance(planner, CostPlanner) and numel >= planner.small:
+            d = planner.choose(name, numel, world, ready)  # schedules it while choosing
+            result.units.append(Unit(name, numel, d.plan, ready, d.finish))
+            return
+        if plan is None:
+            plan = planner.plan(name, numel, world)
+        lanes = planner.lanes if isinstance(planner, CostPlanner) else own
+        finish = predict(lanes, cost, plan, numel, world, ready)
+        result.units.append(Unit(name, numel, plan, ready, finish))
+
+    def flush(packed: bool, ready: float) -> None:
+        items = buckets[packed]
+        buckets[packed] = []
+        if not items:
+            return
+        numel = sum(g.numel for g in items)
+        name = f"bucket[{items[0].name}..{items[-1].name}]" if len(items) > 1 else items[0].name
+        if len(items) > 1:  # the engine concatenates a bucket, and copies it back after
+            lanes = planner.lanes if isinstance(planner, CostPlanner) else own
+            ready = lanes.place("compute", ready, 2 * cost.merge(numel / cost.gpus))
+        run(name, numel, ready, None if packed else Plan("none", None, 1))
+
+    for g in grads:
+        if g.numel < fuse_below:
+            packed = planner.plan(g.name, g.numel, world).compress
+            buckets[packed].append(g)
+            if sum(x.numel for x in buckets[packed]) >= bucket_elems:
+                flush(packed, g.ready)
+            continue
+        run(g.name, g.numel, g.ready)
+    end = grads[-1].ready if grads else 0.0
+    flush(False, end)
+    flush(True, end)
+    result.end = max((u.finish for u in result.units), default=0.0)
+    return result
+
+
+def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) -> Result:
+    """Per tensor: encode, all-gather sizes and payloads, decode every payload; serial."""
+    lanes, result, t = Lanes(), Result("naive", 0.0), 0.0
+    g_ = cost.gpus
+    for g in grads:
+        x = g.numel / g_
+        y = cost.nbytes(algo, x)
+        peers = world * g_ - 1
+        # Besides the codec: zero the sum, average it, copy it back (three passes).
+        chain = [Stage("compute", cost.encode(algo, x)),
+                 Stage("net", cost.allreduce(1, world)),  # the sizes
+                 Stage("net", peers * cost.send(y)),
+                 Stage("compute", (peers + 1) * cost.decode(algo, x) + 3 * cost.merge(x))]
+        t = lanes.run(on_host(cost, chain), max(t, g.ready))
+        result.units.append(Unit(g.name, g.numel, Plan("allgather", algo, 1), g.ready, t))
+    result.end = t
+    return result
+
+
+def _powersgd(cost: CostModel, world: int, grads: Sequence[Gradient], rank: int) -> Result:
+    """torch's powerSGD_hook per DDP bucket: vectors and the P factors in one allreduce,
+    orthogonalize, Q factors in a second, then decompress (square matrices assumed)."""
+    flops = cost._get("flops")
+    lanes, result = Lanes(), Result("powersgd", 0.0)
+    by_name = {g.name: g for g in grads}
+    for name, numel, ready in _groups(grads, DDP_BUCKET):
+        first, last = name[len("bucket["):-1].split("..")
+        members = [g for g in grads if by_name[first].ready <= g.ready <= by_name[last].ready]
+        mats = [g.numel for g in members if g.numel >= 4096]
+        vec = sum(g.numel for g in members if g.numel < 4096)
+        sides = [math.isqrt(n) for n in mats]
+        p = sum(rank * s for s in sides) + vec
+        work = sum(2.0 * n * rank for n in mats)
+        orth = sum(4.0 * s * rank * rank for s in sides)
+        chain = [Stage("compute", flops(work)), Stage("net", cost.allreduce(p, world)),
+                 Stage("compute", flops(orth) + flops(work)),
+                 Stage("net", cost.allreduce(sum(rank * s for s in sides), world)),
+                 Stage("compute", flops(work))]
+        if cost.gpus > 1:
+            chain = [Stage("intra", cost.intra(4 * p)), *chain]
+        finish = lanes.run(on_host(cost, chain), ready)
+        result.units.append(Unit(name, numel, None, ready, finish))
+    result.end = max((u.finish for u in result.units), default=0.0)
+    return result
+
+
+def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: str, *,
+             planner: Planner | None = None, algorithm: str = "onebit",
+             fuse_below: int = 262144, bucket_elems: int = 4 << 20,
+             powersgd_rank: int = 4) -> Result:
+    """Predict when one iteration's synchronization of ``grads`` ends.
+
+    Args:
+        cost: the cost model (a measured profile or ``CostModel.cluster``).
+        world: nodes (ranks) taking part.
+        grads: gradients in backward order with their ready times.
+        strategy: ``allreduce``, ``naive``, ``powersgd`` or ``casync``.
+        planner: for ``casync``: a ``StaticPlanner`` or a ``CostPlanner``.
+        algorithm: for ``naive``.
+        fuse_below, bucket_elems: the engine's batching of small tensors.
+        powersgd_rank: the rank of PowerSGD's factors.
+
+    Returns:
+        A ``Result`` with the end time (seconds after backward started) and the units.
+
+    Example:
+        >>> grads = [Gradient(n, k) for n, k in profile("resnet50")]
+        >>> simulate(cost, 4, grads, "allreduce").end
+    """
+    if strategy == "allreduce":
+        lanes, result = Lanes(), Result("allreduce", 0.0)
+        for name, numel, ready in _groups(grads, DDP_BUCKET):
+            plan = Plan("none", None, 1)
+            # DDP copies the gradients into the flat bucket, and back out after.
+            ready = lanes.place("compute", ready, cost.merge(numel / cost.gpus))
+            end = predict(lanes, cost, plan, numel, world, ready, engine=False)
+            end = lanes.place("compute", end, cost.merge(numel / cost.gpus))
+            result.units.append(Unit(name, numel, plan, ready, end))
+        result.end = max((u.finish for u in result.units), default=0.0)
+        return result
+    if strategy == "naive":
+        return _naive(cost, world, grads, algorithm)
+    if strategy == "powersgd":
+        return _powersgd(cost, world, grads, powersgd_rank)
+    if strategy == "casync":
+        if planner is None:
+            raise ValueError("strategy 'casync' needs a planner")
+        result = _casync(cost, world, grads, planner, fuse_below, bucket_elems)
+        return result
+    raise ValueError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd "
+                     "or casync")

@@ -1,0 +1,175 @@
+"""Predicted timelines: the cost model turned into stages on lanes, and lanes scheduled.
+
+A rank has a ``compute`` lane (codec kernels, merges), a ``net`` lane (its network
+link, full duplex: a stage costs the larger of what it sends and receives) and, with
+several GPUs per node, an ``intra`` lane for traffic inside the node. A partition of a
+tensor becomes a *chain* of stages that run in order; a stage occupies its lane for
+``busy`` seconds and then waits ``wait`` more seconds for work that other ranks do
+(an aggregator's merge, say), without holding any lane of ours.
+
+The chains follow ``casync.graphs`` as seen by an average rank: in ``ps`` every rank
+aggregates 1/N of the partitions, so a stage's lane time is the per-rank share while
+its latency is the aggregator's whole job. ``Lanes`` places each stage in the earliest
+gap of its lane after the stage is ready (list scheduling with backfilling, as the
+executor runs the highest-priority ready task), so partitions pipeline and tensors
+overlap.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+from .costmodel import CostModel
+from .plan import Plan
+
+__all__ = ["Stage", "Lanes", "chains", "on_host", "predict"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """``busy`` seconds on ``lane``, then ``wait`` seconds of other ranks' work."""
+
+    lane: str
+    busy: float
+    wait: float = 0.0
+
+
+class Lanes:
+    """Free time of each lane as sorted gaps; stages go into the first gap that fits."""
+
+    def __init__(self) -> None:
+        self._starts: dict[str, list[float]] = {}
+        self._ends: dict[str, list[float]] = {}
+
+    def copy(self) -> Lanes:
+        other = Lanes()
+        other._starts = {k: v.copy() for k, v in self._starts.items()}
+        other._ends = {k: v.copy() for k, v in self._ends.items()}
+        return other
+
+    def place(self, lane: str, ready: float, busy: float) -> float:
+        """Occupy ``lane`` for ``busy`` seconds from the earliest time ≥ ``ready``;
+        return when it ends."""
+        if busy <= 0:
+            return ready
+        starts = self._starts.setdefault(lane, [0.0])
+        ends = self._ends.setdefault(lane, [math.inf])
+        i = bisect.bisect_right(ends, ready)
+        while True:
+            begin = max(starts[i], ready)
+            if begin + busy <= ends[i]:
+                break
+            i += 1
+        end = begin + busy
+        # Split gap i into the parts before and after [begin, end).
+        pieces = [(s, e) for s, e in ((starts[i], begin), (end, ends[i])) if e - s > 1e-12]
+        starts[i:i + 1] = [s for s, _ in pieces]
+        ends[i:i + 1] = [e for _, e in pieces]
+        return end
+
+    def run(self, chain: list[Stage], ready: float) -> float:
+        """Schedule a chain's stages in order from ``ready``; return when it finishes."""
+        t = ready
+        for stage in chain:
+            t = self.place(stage.lane, t, stage.busy) + stage.wait
+        return t
+
+    def busy_until(self, lane: str) -> float:
+        """When the lane's last occupied stretch ends (0 if never used)."""
+        starts = self._starts.get(lane)
+        return starts[-1] if starts else 0.0
+
+
+def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: int) -> list[Stage]:
+    """One compressed partition of ``x`` elements among ``world`` nodes."""
+    g = cost.gpus
+    n = world
+    share = (n - 1) / n
+
+    def enc(v: float) -> float:
+        return cost.encode(algo, v / g)
+
+    def dec(v: float) -> float:
+        return cost.decode(algo, v / g)
+
+    def nbytes(v: float) -> float:
+        return g * cost.nbytes(algo, v / g)
+
+    def mean(v: float) -> float:  # the final decode scales the sum into the average
+        return cost.merge(v / g)
+
+    if topology == "ps":
+        y = nbytes(x)
+        full = cost.send((n - 1) * y)  # the aggregator's link carries N-1 payloads
+        agg = (n - 1) * dec(x) + enc(x)
+        return [Stage("compute", enc(x) * share, enc(x) / n),
+                Stage("net", full / n, full - full / n),
+                Stage("compute", agg / n, agg - agg / n),
+                Stage("net", full / n, full - full / n),
+                Stage("compute", dec(x) + mean(x))]
+    if topology == "ring":
+        c = x / n
+        hop = cost.send(nbytes(c))
+        out = [Stage("compute", enc(c))]
+        for _ in range(n - 1):
+            out += [Stage("net", hop), Stage("compute", dec(c) + enc(c))]
+        out += [Stage("net", hop) for _ in range(n - 1)]
+        return out + [Stage("compute", n * (dec(c) + mean(c)))]
+    if topology == "allgather":
+        return [Stage("compute", enc(x)), Stage("net", cost.send((n - 1) * nbytes(x))),
+                Stage("compute", n * dec(x) + mean(x))]
+    raise ValueError(f"no compressed chain for topology {topology!r}")
+
+
+def chains(cost: CostModel, plan: Plan, numel: int, world: int,
+           engine: bool = True) -> list[list[Stage]]:
+    """The stage chains of one tensor (or bucket) synchronized under ``plan``.
+
+    Args:
+        cost: the cost model.
+        plan: topology, algorithm and partitions K.
+        numel: elements of the tensor.
+        world: nodes taking part (``cost.gpus`` workers each).
+        engine: add CaSync's own per-graph cost (``graph/TOPOLOGY``); off for
+            baselines that do not run through the engine.
+
+    Example:
+        >>> len(chains(cost, Plan("ring", "onebit", 2), 1 << 20, 4))
+        2
+    """
+    k = max(1, min(plan.partitions, numel))
+    out = []
+    for i in range(k):
+        x = numel // k + (1 if i < numel % k else 0)
+        inner = [Stage("intra", cost.intra(4 * x))] if cost.gpus > 1 else []
+        post = list(inner)
+        if world > 1 and plan.topology == "none":
+            # With several GPUs the node's shards cross its one link together.
+            inner.append(Stage("net", cost.allreduce(x, world)))
+            inner.append(Stage("compute", cost.merge(x / cost.gpus)))  # the average
+        elif world > 1:
+            assert plan.algorithm is not None
+            inner += _codec_stages(cost, plan.topology, plan.algorithm, x, world)
+        out.append(on_host(cost, inner + post))
+    overhead = cost.costs.get(f"graph/{plan.topology}")
+    if engine and overhead is not None and out:  # the engine's own cost of running the graph
+        out[0] = [Stage("compute", overhead.a), *out[0]]
+    return out
+
+
+def on_host(cost: CostModel, chain: list[Stage]) -> list[Stage]:
+    """Put network stages on the compute lane where the host cannot overlap them
+    (``CostModel.shared``: e.g. several ranks on two cores over loopback)."""
+    if not cost.shared:
+        return chain
+    return [Stage("compute", s.busy, s.wait) if s.lane == "net" else s for s in chain]
+
+
+def predict(lanes: Lanes, cost: CostModel, plan: Plan, numel: int, world: int,
+            ready: float, engine: bool = True) -> float:
+    """Schedule a tensor's chains on ``lanes`` from ``ready``; return when its last
+    partition finishes."""
+    return max((lanes.run(chain, ready)
+                for chain in chains(cost, plan, numel, world, engine)), default=ready)

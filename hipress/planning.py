@@ -1,0 +1,162 @@
+"""``hipress profile`` and ``hipress plan``: measure the primitives, then plan a model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["profile_main", "plan_main", "fit_table"]
+
+
+def fit_table(cost: Any, title: str) -> Any:
+    """A rich table of a cost model's fits: a, b (as a rate), R²."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("primitive", "a (µs)", "b", "rate", "R²"):
+        table.add_column(col, justify="left" if col == "primitive" else "right")
+    for key, fit in sorted(cost.costs.items()):
+        per_byte = key in ("send", "intra") or key.startswith("bytes/")
+        unit = "s/B" if per_byte else "s/elem"
+        if key.startswith("bytes/"):
+            rate = f"{fit.b * 8:.3f} bits/elem"
+            a = f"{fit.a:.0f} B"
+        else:
+            scale = 1 if per_byte else 4
+            rate = f"{scale / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
+            a = f"{fit.a * 1e6:.1f}"
+            unit = f"{fit.b:.3g} {unit}"
+        table.add_row(key, a, unit if not key.startswith("bytes/") else f"{fit.b:.4f} B/elem",
+                      rate, f"{fit.r2:.3f}")
+    return table
+
+
+def _profile_worker(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from rich.console import Console
+
+    from casync.profiler import measure
+    from casync.transport import Transport
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=600))
+    transport = Transport()
+    say = print if transport.rank == 0 else (lambda *_: None)
+    cost = measure(transport, tuple(args.algorithms), reps=args.reps, target=args.target,
+                   say=lambda s: say(f"  {s}"))
+    cost.meta["network"] = args.network
+    if transport.rank == 0:
+        cost.save(args.out)
+        Console(width=100).print(fit_table(cost, f"cost profile: {cost.world} ranks on "
+                                                 f"{cost.meta['host']}"))
+        print(f"wrote {args.out}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def profile_main(argv: list[str]) -> int:
+    """``hipress profile``: fit t(x) = a + b·x for every primitive on N ranks."""
+    parser = argparse.ArgumentParser(
+        prog="hipress profile",
+        description="Measure encode/decode per algorithm, merge, send and allreduce on N "
+                    "ranks and fit t(x) = a + b*x. Under torchrun (RANK set) it profiles "
+                    "that job's group; otherwise it starts --ranks local ranks.")
+    parser.add_argument("--ranks", type=int, default=4, help="local ranks to start")
+    parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
+    parser.add_argument("--network", choices=["loopback", "paced", "shaped"],
+                        default="loopback", help="paced: software pacing at --bandwidth; "
+                        "shaped: namespaces with tc-shaped links (root)")
+    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--target", default="auto", help="codec target: auto, cpu, ref")
+    parser.add_argument("-o", "--out", type=Path, default=Path("profile.json"))
+    args = parser.parse_args(argv)
+    if "RANK" in os.environ:
+        return _profile_worker(args)
+    from .launcher import run, run_shaped
+
+    argv = [a for a in argv]
+    if "-o" not in argv and "--out" not in argv:
+        argv += ["--out", str(args.out.resolve())]
+    cmd = [sys.executable, "-m", "hipress", "profile", *argv]
+    if args.network == "shaped":
+        return run_shaped(args.ranks, args.bandwidth, cmd)
+    return run(args.ranks, cmd, bandwidth=args.bandwidth if args.network == "paced" else None)
+
+
+def plan_main(argv: list[str]) -> int:
+    """``hipress plan``: the planner's decisions for a model, from a profile or a cluster."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from casync.costmodel import CostModel, Linear
+    from casync.models import PROFILES, TIMINGS, layers
+    from casync.planner import CostPlanner
+    from casync.simulate import Gradient, ready_times, simulate
+    from casync.transport import parse_rate
+
+    parser = argparse.ArgumentParser(
+        prog="hipress plan",
+        description="Plan every gradient of a model (compress?, topology, partitions) and "
+                    "predict its sync time. With --profile, from measured costs; without, "
+                    "for a V100-class cluster (see casync.costmodel.CostModel.cluster).")
+    parser.add_argument("--profile", type=Path, help="a `hipress profile` JSON")
+    parser.add_argument("--model", default="resnet50", choices=sorted(PROFILES))
+    parser.add_argument("--nodes", type=int, help="nodes (default: the profile's ranks, or 16)")
+    parser.add_argument("--gpus", type=int, default=None, help="GPUs per node (cluster: 8)")
+    parser.add_argument("--bandwidth", help="inter-node link rate, e.g. 100gbit (overrides "
+                        "the profile's measured send rate)")
+    parser.add_argument("--algorithms", nargs="+", default=["onebit"])
+    parser.add_argument("--backward-ms", type=float, help="backward time spread over the "
+                        "tensors (default: the model's V100 figure for a cluster, 0 — all "
+                        "ready at once, as in bench sync — for a profile)")
+    parser.add_argument("--all", action="store_true", help="list every tensor, not the top 30")
+    args = parser.parse_args(argv)
+    rate = parse_rate(args.bandwidth) if args.bandwidth else None
+    if args.profile:
+        cost = CostModel.load(args.profile)
+        nodes = args.nodes or cost.world
+        if rate is not None:
+            send = cost.costs.get("send", Linear(25e-6, 0))
+            cost.costs["send"] = Linear(send.a, 8 / (0.9 * rate), send.r2, send.floor)
+            cost.costs.pop("allreduce", None)  # measured at another rate
+        backward = args.backward_ms or 0.0
+    else:
+        nodes = args.nodes or 16
+        cost = CostModel.cluster(nodes, args.gpus or 8, rate or 100e9, tuple(args.algorithms))
+        backward = TIMINGS[args.model].backward_ms if args.backward_ms is None \
+            else args.backward_ms
+    if nodes < 1:
+        raise ConfigError("--nodes must be at least 1")
+    grads = ready_times(layers(args.model), backward / 1e3) if backward > 0 else \
+        [Gradient(layer.name, layer.numel) for layer in layers(args.model)]
+    planner = CostPlanner(cost, tuple(args.algorithms))
+    planned = simulate(cost, nodes, grads, "casync", planner=planner)
+    base = simulate(cost, nodes, grads, "allreduce")
+
+    table = Table(title=f"{args.model} on {nodes} node(s) x {cost.gpus} worker(s), "
+                        f"{'profile ' + str(args.profile) if args.profile else 'cluster model'}")
+    for col in ("tensor", "elements", "decision", "K", "ready ms", "sync ms"):
+        table.add_column(col, justify="left" if col in ("tensor", "decision") else "right")
+    units = planned.units if args.all else sorted(
+        planned.units, key=lambda u: -u.numel)[:30]
+    for u in units:
+        plan = u.plan
+        assert plan is not None
+        what = "none (allreduce)" if not plan.compress else f"{plan.algorithm} {plan.topology}"
+        table.add_row(u.name[:60], f"{u.numel:,}", what, str(plan.partitions),
+                      f"{u.ready * 1e3:.1f}", f"{(u.finish - u.ready) * 1e3:.2f}")
+    console = Console(width=120)
+    console.print(table)
+    share = planned.compressed / max(sum(g.numel for g in grads), 1)
+    console.print(f"predicted sync end: {planned.end * 1e3:.1f} ms after backward starts "
+                  f"(backward {backward:.0f} ms); uncompressed allreduce: "
+                  f"{base.end * 1e3:.1f} ms; {share:.0%} of the elements compressed")
+    return 0

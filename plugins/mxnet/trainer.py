@@ -1,0 +1,53 @@
+"""``DistributedTrainer``: a Gluon Trainer that averages gradients with CaSync."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mxnet as mx
+
+from hipress import distributed as core
+
+from .arrays import host_view, local_sum
+
+__all__ = ["DistributedTrainer"]
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A ``gluon.Trainer`` whose ``step`` averages gradients over ranks first (Horovod's
+    ``DistributedTrainer``): submit every gradient, one engine step, then update.
+
+    Args:
+        params, optimizer, optimizer_params: as for ``gluon.Trainer``.
+        algorithm, plan, topology, min_compress, error_feedback, timeout, **options:
+            see ``hipress.distributed.EngineOptions``.
+
+    Example:
+        >>> trainer = hp.DistributedTrainer(net.collect_params(), "sgd",
+        ...                                 {"learning_rate": 0.1}, algorithm="dgc")
+        >>> trainer.step(batch_size)   # batch size per rank
+    """
+
+    def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None,
+                 algorithm: str = "onebit", **options: Any) -> None:
+        self._hipress = core.EngineOptions(algorithm, **options)
+        self._engine: Any = None
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+
+    def _allreduce_grads(self) -> None:
+        if not core.is_live(self._engine):
+            self._engine = self._hipress.engine()
+        staged = []
+        for i, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            grads = param.list_grad()
+            buf, copy_back = host_view(local_sum(grads))
+            staged.append((buf, copy_back or len(grads) > 1, grads))
+            self._engine.submit(f"{i}:{param.name}", buf)
+        self._engine.synchronize()
+        for buf, copy_back, grads in staged:
+            if copy_back:
+                data = buf.numpy() if hasattr(buf, "numpy") else buf
+                for g in grads:
+                    g[:] = data.reshape(g.shape)

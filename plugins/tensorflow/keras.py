@@ -1,0 +1,66 @@
+"""Keras 3: an optimizer wrapper for ``model.fit`` and a broadcast callback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from hipress import distributed as core
+
+from .functions import broadcast_variables
+from .gradients import Averager, _name
+
+__all__ = ["DistributedOptimizer", "BroadcastGlobalVariablesCallback"]
+
+
+def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
+    variables = list(trainable_variables) if trainable_variables is not None \
+        else list(self._trainable_variables)
+    names = [_name(i, v) for i, v in enumerate(variables)]
+    grads = self._hipress_averager.average(list(grads), names)
+    return super(self.__class__, self).apply(grads, trainable_variables)
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - Horovod's name
+                         algorithm: str = "onebit", **options: Any) -> Any:
+    """Wrap a Keras optimizer so every ``apply`` first averages the gradients over ranks.
+
+    Returns an optimizer of a subclass of ``type(optimizer)`` with the same
+    configuration, for ``model.compile(optimizer=...)``. Compile with
+    ``jit_compile=False``: XLA cannot compile the step that leaves TensorFlow.
+
+    Args:
+        optimizer: any Keras 3 optimizer.
+        algorithm, plan, topology, min_compress, error_feedback, timeout, **params:
+            see ``hipress.distributed.EngineOptions``.
+
+    Example:
+        >>> opt = hp.DistributedOptimizer(keras.optimizers.SGD(0.05), algorithm="onebit")
+        >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy",
+        ...               jit_compile=False)
+    """
+    averager = Averager(core.EngineOptions(algorithm, **options))
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {"apply": _apply})
+    wrapped = cls.from_config(optimizer.get_config())
+    wrapped._hipress_averager = averager
+    return wrapped
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Make every rank start from ``root_rank``'s weights (and optimizer state, once
+    the optimizer has built it)."""
+
+    def __init__(self, root_rank: int = 0) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self._optimizer_done = False
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        broadcast_variables(self.model.variables, self.root_rank)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        # Optimizer slots exist after the first apply; align them once.
+        if not self._optimizer_done and self.model.optimizer is not None:
+            broadcast_variables(self.model.optimizer.variables, self.root_rank)
+            self._optimizer_done = True

@@ -1,0 +1,167 @@
+"""Rank scenarios for the TensorFlow and MXNet suites (run by tests/ranks.py's launcher).
+
+Each trains the digits MLP for a few steps on every rank and reports losses, a digest of
+the parameters, and for ``algorithm="none"`` the largest difference between the
+averaged gradient and the mean of every rank's own gradient.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "examples")]
+
+from _digits import batches, digest, load_digits_split  # noqa: E402
+from ranks import main  # noqa: E402
+
+STEPS = 20
+BATCH = 32
+WIDTH = 64
+
+
+def _die_if_asked(args: dict[str, Any], rank: int, step: int) -> None:
+    if args.get("kill_rank") == rank and step == args.get("kill_step"):
+        sys.stdout.flush()
+        os._exit(3)
+
+
+# -------------------------------------------------------------------------- TensorFlow
+
+
+def tf_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Each of ``modes``: ``eager`` or ``graph`` (a tf.function step) with
+    DistributedGradientTape, or ``keras`` (model.fit with DistributedOptimizer)."""
+    import hipress.tensorflow as hp
+    from hipress.errors import SyncError
+
+    hp.init()
+    results = {}
+    for mode in args["modes"]:
+        try:
+            results[mode] = _tf_mode(args, rank, mode)
+        except SyncError as exc:
+            return {"sync_error": str(exc)}
+    return results
+
+
+def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
+    import keras
+    import tensorflow as tf
+
+    import hipress.tensorflow as hp
+    from hipress.distributed import allgather_object
+
+    world = hp.size()
+    xtr, ytr, _, _ = load_digits_split()
+    keras.utils.set_random_seed(rank)  # different initial weights: the broadcast must fix it
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(WIDTH, activation="relu"),
+                              keras.layers.Dense(10)])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    algo = args["algo"]
+    idx = batches(len(xtr), BATCH, rank, world, 0)[:STEPS]
+    losses: list[float] = []
+    grad_error = None
+    if mode == "keras":
+        opt = hp.DistributedOptimizer(keras.optimizers.SGD(0.05), algorithm=algo)
+        model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
+        sel = np.concatenate(idx)
+        history = model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=2, shuffle=False,
+                            verbose=0, callbacks=[hp.BroadcastGlobalVariablesCallback(0)])
+        losses = history.history["loss"]
+    else:
+        hp.broadcast_variables(model.variables, 0)
+        opt = keras.optimizers.SGD(0.05)
+
+        def grads_of(x: Any, y: Any) -> tuple[Any, list[Any], list[Any]]:
+            with tf.GradientTape(persistent=True) as tape:
+                loss = loss_fn(y, model(x, training=True))
+            local = tape.gradient(loss, model.trainable_variables)
+            averaged = hp.DistributedGradientTape(tape, algorithm=algo).gradient(
+                loss, model.trainable_variables)
+            return loss, local, averaged
+
+        step_fn = tf.function(grads_of) if mode == "graph" else grads_of
+        for step, sel in enumerate(idx):
+            _die_if_asked(args, rank, step)
+            loss, local, averaged = step_fn(xtr[sel], ytr[sel])
+            if algo == "none" and step == 0:
+                mine = [g.numpy() for g in local]
+                every = allgather_object(mine)
+                mean = [sum(r[i] for r in every) / world for i in range(len(mine))]
+                grad_error = max(float(np.abs(a.numpy() - m).max())
+                                 for a, m in zip(averaged, mean, strict=True))
+            opt.apply_gradients(zip(averaged, model.trainable_variables, strict=True))
+            losses.append(float(loss))
+    return {"losses": [float(v) for v in losses], "grad_error": grad_error,
+            "digest": digest([v.numpy() for v in model.trainable_variables])}
+
+
+# ------------------------------------------------------------------------------ MXNet
+
+
+def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """``mode``: ``kvstore`` (gluon.Trainer with hp.KVStore, sums) or ``trainer``
+    (hp.DistributedTrainer, averages)."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    import hipress.mxnet as hp
+    from hipress.distributed import allgather_object
+    from hipress.errors import SyncError
+
+    hp.init()
+    world = hp.size()
+    xtr, ytr, _, _ = load_digits_split()
+    mx.random.seed(rank)  # different initial weights: the broadcast must fix it
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(WIDTH, activation="relu", in_units=64),
+            gluon.nn.Dense(10, in_units=WIDTH))
+    net.initialize(mx.init.Xavier())
+    params = net.collect_params()
+    hp.broadcast_parameters(params, 0)
+    algo = args["algo"]
+    if args["mode"] == "kvstore":
+        trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.05},
+                                kvstore=hp.KVStore(algorithm=algo))
+        scale = BATCH * world
+    else:
+        trainer = hp.DistributedTrainer(params, "sgd", {"learning_rate": 0.05},
+                                        algorithm=algo)
+        scale = BATCH
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses, grad_error = [], None
+    try:
+        for step, sel in enumerate(batches(len(xtr), BATCH, rank, world, 0)[:STEPS]):
+            _die_if_asked(args, rank, step)
+            x, y = mx.nd.array(xtr[sel]), mx.nd.array(ytr[sel])
+            with autograd.record():
+                loss = loss_fn(net(x), y)
+            loss.backward()
+            if algo == "none" and step in (0, 1):
+                mine = [p.grad().asnumpy() for p in params.values()]
+                trainer.allreduce_grads()
+                every = allgather_object(mine)
+                # a KVStore sums over ranks; DistributedTrainer averages
+                want = [sum(r[i] for r in every) / (1 if args["mode"] == "kvstore" else world)
+                        for i in range(len(mine))]
+                err = max(float(np.abs(p.grad().asnumpy() - w).max() / max(np.abs(w).max(), 1))
+                          for p, w in zip(params.values(), want, strict=True))
+                grad_error = err if grad_error is None else max(grad_error, err)
+                trainer.update(scale)
+            else:
+                trainer.step(scale)
+            losses.append(float(loss.mean().asscalar()))
+    except SyncError as exc:
+        return {"sync_error": str(exc)}
+    return {"losses": losses, "grad_error": grad_error,
+            "digest": digest([p.data().asnumpy() for p in params.values()])}
+
+
+if __name__ == "__main__":
+    main({"tf_train": tf_train, "mx_train": mx_train})

@@ -1,0 +1,69 @@
+"""hipress.mxnet on 2 ranks (runs in .venv-mx: `make test-mx`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mxnet")
+
+from ranks import launch  # noqa: E402
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios.py"
+
+
+def _run(tmp_path: Path, **args: object) -> list[dict]:
+    return launch(2, "mx_train", tmp_path, dict(args), timeout=300,
+                  env={"HIPRESS_TIMEOUT": "20"}, script=SCENARIOS)
+
+
+@pytest.mark.parametrize("mode", ["kvstore", "trainer"])
+@pytest.mark.parametrize("algo", ["onebit", "dgc", "none"])
+def test_replicas_identical_and_loss_decreases(tmp_path, algo, mode):
+    results = _run(tmp_path, algo=algo, mode=mode)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    assert results[0]["digest"] == results[1]["digest"], "replicas differ"
+    losses = results[0]["losses"]
+    assert sum(losses[-5:]) < sum(losses[:5]), losses
+    if algo == "none":
+        assert results[0]["grad_error"] < 1e-6 and results[1]["grad_error"] < 1e-6
+
+
+def test_a_killed_rank_raises_sync_error_on_the_other(tmp_path):
+    start = time.monotonic()
+    results = _run(tmp_path, algo="onebit", mode="trainer", kill_rank=1, kill_step=5)
+    assert results[1]["rc"] == 3
+    assert results[0]["rc"] == 0, results[0]["log"][-3000:]
+    assert "rank 1" in results[0]["sync_error"], results[0]
+    assert time.monotonic() - start < 120
+
+
+def test_kvstore_is_registered_and_keeps_the_optimizer_local():
+    import mxnet as mx
+
+    import hipress.mxnet as hp
+
+    kv = mx.kv.create("hipress")
+    assert isinstance(kv, hp.KVStore) and kv.type == "hipress"
+    assert kv.is_capable("optimizer") is False
+    assert kv.num_workers == 1 and kv.rank == 0
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        hp.KVStore(algorithm="zip")
+
+
+def test_example_runs_under_the_launcher(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "hipress.cli", "run", "-np", "2",
+                           str(root / "examples" / "mxnet_train.py"), "--steps", "5",
+                           "--metrics", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(out.read_text())["replicas_identical"]

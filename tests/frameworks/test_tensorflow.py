@@ -1,0 +1,70 @@
+"""hipress.tensorflow on 2 ranks (runs in .venv-tf: `make test-tf`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+
+from ranks import launch  # noqa: E402
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios.py"
+
+
+def _run(tmp_path: Path, **args: object) -> list[dict]:
+    results = launch(2, "tf_train", tmp_path, dict(args), timeout=300,
+                     env={"HIPRESS_TIMEOUT": "20"}, script=SCENARIOS)
+    return results
+
+
+@pytest.mark.parametrize("algo", ["onebit", "dgc", "none"])
+def test_replicas_identical_and_loss_decreases(tmp_path, algo):
+    modes = ["eager", "graph", "keras"]
+    results = _run(tmp_path, algo=algo, modes=modes)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    for mode in modes:
+        first, second = results[0][mode], results[1][mode]
+        assert first["digest"] == second["digest"], f"{mode}: replicas differ"
+        losses = first["losses"]
+        assert losses[-1] < losses[0], (mode, losses)
+        if algo == "none" and mode != "keras":
+            assert first["grad_error"] < 1e-6 and second["grad_error"] < 1e-6, mode
+
+
+def test_a_killed_rank_raises_sync_error_on_the_other(tmp_path):
+    start = time.monotonic()
+    results = _run(tmp_path, algo="onebit", modes=["eager"], kill_rank=1, kill_step=5)
+    assert results[1]["rc"] == 3
+    assert results[0]["rc"] == 0, results[0]["log"][-3000:]
+    assert "rank 1" in results[0]["sync_error"], results[0]
+    assert time.monotonic() - start < 120
+
+
+def test_wrappers_reject_bad_options():
+    import tensorflow as tf
+
+    import hipress.tensorflow as hp
+
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        hp.DistributedGradientTape(tf.GradientTape(), algorithm="zip")
+    with pytest.raises(ValueError, match="topology"):
+        hp.DistributedOptimizer(__import__("keras").optimizers.SGD(0.1), topology="star")
+
+
+def test_example_runs_under_the_launcher(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "m.json"
+    proc = subprocess.run([sys.executable, "-m", "hipress.cli", "run", "-np", "2",
+                           str(root / "examples" / "tf_train.py"), "--steps", "5",
+                           "--metrics", str(out)], capture_output=True, text=True,
+                          timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads(out.read_text())["replicas_identical"]
