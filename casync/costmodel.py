@@ -46,16 +46,15 @@ class Linear:
 
     @classmethod
     def fit(cls, xs: Any, ts: Any) -> Linear:
-        """Least-squares fit of ``ts ≈ a + b·xs`` in relative error; a negative intercept
-        is clamped to 0 and the smallest measured time becomes the floor."""
+        """Least-squares fit of ``ts ≈ a + b·xs``; a negative intercept is clamped to 0
+        and the smallest measured time becomes the floor."""
         x = np.asarray(xs, np.float64)
         t = np.asarray(ts, np.float64)
         if x.size < 2 or np.ptp(x) == 0:
             raise ValueError("fitting a line needs at least two distinct sizes")
-        # Relative residuals: small sizes matter as much as large ones to a planner.
-        w = 1.0 / np.maximum(t, 1e-12)
-        design = np.stack([x, np.ones_like(x)], 1) * w[:, None]
-        (b, a), *_ = np.linalg.lstsq(design, t * w, rcond=None)
+        # Plain residuals: the large sizes pin the slope (bandwidth), which is what
+        # bulk traffic pays; the floor covers the small sizes the line may undershoot.
+        (b, a), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), t, rcond=None)
         a, b = max(float(a), 0.0), max(float(b), 0.0)
         resid = t - (a + b * x)
         spread = float(np.sum((t - t.mean()) ** 2))
@@ -89,11 +88,6 @@ class CostModel:
     #: how much of a send's time the CPU stays free for compute (1: a separate link,
     #: 0 or less: the same cores, as with several ranks on few cores over loopback)
     overlap: float = 1.0
-
-    @property
-    def shared(self) -> bool:
-        """Whether compute and communication contend for one resource on this host."""
-        return self.overlap < 0.5
 
     # -- lookups -------------------------------------------------------------------------
 

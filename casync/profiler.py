@@ -235,7 +235,9 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
 
         costs["send"] = _sweep(transport, message_bytes, reps, send)
         say(f"send: {costs['send']}")
-        costs["allreduce"] = _sweep(transport, elements, reps, allreduce)
+        # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
+        costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps,
+                                    allreduce)
         say(f"allreduce: {costs['allreduce']}")
         overlap = _overlap(transport, costs, x(max(elements)), reps, send)
         say(f"compute/communication overlap: {overlap:.2f}")

@@ -160,11 +160,27 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int,
 
 
 def on_host(cost: CostModel, chain: list[Stage]) -> list[Stage]:
-    """Put network stages on the compute lane where the host cannot overlap them
-    (``CostModel.shared``: e.g. several ranks on two cores over loopback)."""
-    if not cost.shared:
+    """Charge communication to the CPU as far as the host cannot overlap it.
+
+    With ``cost.overlap`` = o (measured: how much of a send's time the cores stay free),
+    a network stage keeps the share o on the link and puts the share 1 - o on the
+    compute lane first: o = 1 is a separate link, o = 0 — several ranks on few cores
+    over loopback — puts all of it on the cores.
+    """
+    o = min(max(cost.overlap, 0.0), 1.0)
+    if o >= 1.0:
         return chain
-    return [Stage("compute", s.busy, s.wait) if s.lane == "net" else s for s in chain]
+    out: list[Stage] = []
+    for s in chain:
+        if s.lane != "net":
+            out.append(s)
+            continue
+        out.append(Stage("compute", (1 - o) * s.busy))
+        if o > 0:
+            out.append(Stage("net", o * s.busy, s.wait))
+        else:
+            out[-1] = Stage("compute", s.busy, s.wait)
+    return out
 
 
 def predict(lanes: Lanes, cost: CostModel, plan: Plan, numel: int, world: int,

@@ -25,20 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from _digits import load_digits_split
 from torch import nn
 
 import hipress.torch as hp
-
-
-def load_digits_split(seed: int = 0) -> tuple[np.ndarray, ...]:
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype(np.float32)
-    y = digits.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
 def make_model(width: int) -> nn.Module:

@@ -37,9 +37,14 @@ def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_r
             raise ConfigError("a multi-node job needs --master-addr (the address of node 0)")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
                 "--master-addr", master_addr, "--master-port", str(master_port)]
+    command = list(command)
+    if command[0] in ("python", "python3"):
+        # The interpreter that runs hipress, not whichever python PATH finds first: a
+        # TensorFlow or MXNet job started from .venv-tf or .venv-mx stays in it.
+        command[0] = sys.executable
     if not command[0].endswith(".py"):
         cmd.append("--no-python")
-    return cmd + list(command)
+    return cmd + command
 
 
 def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,

@@ -82,11 +82,18 @@ def test_chains_match_the_graph_shapes(topology):
     assert len(nets) == {"ps": 2, "ring": 6, "allgather": 1}[topology]
 
 
-def test_shared_hosts_put_the_network_on_the_compute_lane():
+def test_hosts_that_cannot_overlap_charge_the_network_to_the_cores():
     cost = CostModel.cluster(2, 1, 10e9)
+    plan = Plan("ps", "onebit", 2)
+    separate = chains(cost, plan, 10**6, 2)
+    net = sum(s.busy for c in separate for s in c if s.lane == "net")
     cost.overlap = 0.0
-    assert all(s.lane == "compute" for c in chains(cost, Plan("ps", "onebit", 2), 10**6, 2)
-               for s in c)
+    assert all(s.lane == "compute" for c in chains(cost, plan, 10**6, 2) for s in c)
+    cost.overlap = 0.25
+    half = chains(cost, plan, 10**6, 2)
+    assert sum(s.busy for c in half for s in c if s.lane == "net") == pytest.approx(net / 4)
+    total = sum(s.busy + s.wait for c in half for s in c)
+    assert total == pytest.approx(sum(s.busy + s.wait for c in separate for s in c))
 
 
 @pytest.mark.parametrize("rate", [1e9, 10e9, 100e9, 1e12])

@@ -55,7 +55,8 @@ def test_torchrun_command_lines():
     multi = torchrun_command(8, ["python", "x.py"], nnodes=2, node_rank=1,
                              master_addr="10.0.0.1")
     assert ["--nnodes", "2"] == multi[multi.index("--nnodes"):multi.index("--nnodes") + 2]
-    assert "--no-python" in multi and multi[-2:] == ["python", "x.py"]
+    # "python" means the interpreter running hipress (a framework's own venv)
+    assert "--no-python" in multi and multi[-2:] == [sys.executable, "x.py"]
     from hipress import ConfigError
 
     with pytest.raises(ConfigError, match="master-addr"):

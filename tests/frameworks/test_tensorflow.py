@@ -62,7 +62,8 @@ def test_example_runs_under_the_launcher(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "m.json"
-    proc = subprocess.run([sys.executable, "-m", "hipress.cli", "run", "-np", "2",
+    # the form: `hipress run -np 2 python examples/tf_train.py`
+    proc = subprocess.run([sys.executable, "-m", "hipress.cli", "run", "-np", "2", "python",
                            str(root / "examples" / "tf_train.py"), "--steps", "5",
                            "--metrics", str(out)], capture_output=True, text=True,
                           timeout=300, cwd=root)
