@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the rank launcher
 from ranks import launch  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios.py"
