@@ -44,7 +44,6 @@ class HiPress(mx.kv.KVStoreBase):
         self._order: list[Any] = []      # keys of one step, learned in the first
         self._learning = True
         self._pending: list[tuple[Any, Any, bool, list[mx.nd.NDArray]]] = []
-        self._seen: set[Any] = set()
 
     # -- the KVStoreBase interface -----------------------------------------------------
 
@@ -78,12 +77,10 @@ class HiPress(mx.kv.KVStoreBase):
         ``value``)."""
         values = value if isinstance(value, list) else [value]
         outs = values if out is None else (out if isinstance(out, list) else [out])
-        if self._learning and key in self._seen:
+        if self._learning and key in self._order:
             self._learning = False  # a key came back: one step's order is known
-            self._order = list(self._seen_order)
         if self._learning:
-            self._seen.add(key)
-            self._seen_order = getattr(self, "_seen_order", []) + [key]
+            self._order.append(key)
             self._pending.append(self._stage(key, values, outs))
             self._run()
             return
