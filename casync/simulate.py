@@ -75,20 +75,18 @@ def ready_times(layers: Sequence[Any], backward_s: float) -> list[Gradient]:
     return out
 
 
-def _groups(grads: Sequence[Gradient], limit: int) -> list[tuple[str, int, float]]:
+def _groups(grads: Sequence[Gradient], limit: int) -> list[list[Gradient]]:
     """Consecutive gradients in groups of at least ``limit`` elements (DDP buckets)."""
-    out: list[tuple[str, int, float]] = []
-    names: list[str] = []
-    numel = 0
+    out: list[list[Gradient]] = [[]]
     for g in grads:
-        names.append(g.name)
-        numel += g.numel
-        if numel >= limit:
-            out.append((f"bucket[{names[0]}..{names[-1]}]", numel, g.ready))
-            names, numel = [], 0
-    if names:
-        out.append((f"bucket[{names[0]}..{names[-1]}]", numel, grads[-1].ready))
-    return out
+        if sum(x.numel for x in out[-1]) >= limit:
+            out.append([])
+        out[-1].append(g)
+    return [group for group in out if group]
+
+
+def _label(group: list[Gradient]) -> str:
+    return f"bucket[{group[0].name}..{group[-1].name}]" if len(group) > 1 else group[0].name
 
 
 def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,
@@ -117,7 +115,7 @@ def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Pla
         if not items:
             return
         numel = sum(g.numel for g in items)
-        name = f"bucket[{items[0].name}..{items[-1].name}]" if len(items) > 1 else items[0].name
+        name = _label(items)
         if len(items) > 1:  # the engine concatenates a bucket, and copies it back after
             lanes = planner.lanes if isinstance(planner, CostPlanner) else own
             ready = lanes.place("compute", ready, 2 * cost.merge(numel / cost.gpus))
@@ -162,10 +160,8 @@ def _powersgd(cost: CostModel, world: int, grads: Sequence[Gradient], rank: int)
     orthogonalize, Q factors in a second, then decompress (square matrices assumed)."""
     flops = cost._get("flops")
     lanes, result = Lanes(), Result("powersgd", 0.0)
-    by_name = {g.name: g for g in grads}
-    for name, numel, ready in _groups(grads, DDP_BUCKET):
-        first, last = name[len("bucket["):-1].split("..")
-        members = [g for g in grads if by_name[first].ready <= g.ready <= by_name[last].ready]
+    for members in _groups(grads, DDP_BUCKET):
+        name, numel, ready = _label(members), sum(g.numel for g in members), members[-1].ready
         mats = [g.numel for g in members if g.numel >= 4096]
         vec = sum(g.numel for g in members if g.numel < 4096)
         sides = [math.isqrt(n) for n in mats]
@@ -209,7 +205,8 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
     """
     if strategy == "allreduce":
         lanes, result = Lanes(), Result("allreduce", 0.0)
-        for name, numel, ready in _groups(grads, DDP_BUCKET):
+        for group in _groups(grads, DDP_BUCKET):
+            name, numel, ready = _label(group), sum(g.numel for g in group), group[-1].ready
             plan = Plan("none", None, 1)
             # DDP copies the gradients into the flat bucket, and back out after.
             ready = lanes.place("compute", ready, cost.merge(numel / cost.gpus))

@@ -13,26 +13,26 @@ from .errors import ConfigError
 __all__ = ["profile_main", "plan_main", "fit_table"]
 
 
+def _cells(key: str, fit: Any) -> tuple[str, str, str]:
+    """a, b and b as a rate, in the units of the primitive ``key``."""
+    if key.startswith("bytes/"):
+        return f"{fit.a:.0f} B", f"{fit.b:.4f} B/elem", f"{fit.b * 8:.3f} bits/elem"
+    if key.startswith("graph/"):
+        return f"{fit.a * 1e6:.1f}", "-", "-"
+    unit, width = ("s/B", 1) if key in ("send", "intra") else ("s/elem", 4)
+    rate = f"{width / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
+    return f"{fit.a * 1e6:.1f}", f"{fit.b:.3g} {unit}", rate
+
+
 def fit_table(cost: Any, title: str) -> Any:
-    """A rich table of a cost model's fits: a, b (as a rate), R²."""
+    """A rich table of a cost model's fits: a, b (also as a rate), R²."""
     from rich.table import Table
 
     table = Table(title=title)
     for col in ("primitive", "a (µs)", "b", "rate", "R²"):
         table.add_column(col, justify="left" if col == "primitive" else "right")
     for key, fit in sorted(cost.costs.items()):
-        per_byte = key in ("send", "intra") or key.startswith("bytes/")
-        unit = "s/B" if per_byte else "s/elem"
-        if key.startswith("bytes/"):
-            rate = f"{fit.b * 8:.3f} bits/elem"
-            a = f"{fit.a:.0f} B"
-        else:
-            scale = 1 if per_byte else 4
-            rate = f"{scale / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
-            a = f"{fit.a * 1e6:.1f}"
-            unit = f"{fit.b:.3g} {unit}"
-        table.add_row(key, a, unit if not key.startswith("bytes/") else f"{fit.b:.4f} B/elem",
-                      rate, f"{fit.r2:.3f}")
+        table.add_row(key, *_cells(key, fit), f"{fit.r2:.3f}")
     return table
 
 
@@ -82,7 +82,7 @@ def profile_main(argv: list[str]) -> int:
         return _profile_worker(args)
     from .launcher import run, run_shaped
 
-    argv = [a for a in argv]
+    argv = list(argv)
     if "-o" not in argv and "--out" not in argv:
         argv += ["--out", str(args.out.resolve())]
     cmd = [sys.executable, "-m", "hipress", "profile", *argv]
