@@ -7,15 +7,18 @@
     sync.synchronize()              # p.grad holds the average over ranks
 """
 
+from .costmodel import CostModel, Linear
 from .executor import Executor, Graph, Task
 from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context
 from .plan import TOPOLOGIES, Plan, Planner, StaticPlanner
+from .planner import CostPlanner
 from .synchronizer import Synchronizer, default_timeout
 from .transport import Handle, Transport
 
 __all__ = [
-    "Synchronizer", "default_timeout", "Plan", "Planner", "StaticPlanner", "TOPOLOGIES",
+    "Synchronizer", "default_timeout", "Plan", "Planner", "StaticPlanner", "CostPlanner",
+    "CostModel", "Linear", "TOPOLOGIES",
     "ErrorFeedback", "Executor", "Graph", "Task", "BUILDERS", "Context", "Handle",
     "Transport",
 ]
