@@ -121,8 +121,9 @@ class Executor:
         self.trace: list[tuple[str, str, str, float, float]] | None = [] if trace else None
         self.error: SyncError | None = None
         #: turns a failure into the error every waiter sees (adds the diagnosis)
-        self.explain: Callable[[SyncError], SyncError] | None = None
+        self.explain: Callable[[SyncError, int], SyncError] | None = None
         self._cv = threading.Condition()
+        self._failing = threading.Lock()
         self._compute: list[tuple[tuple[int, ...], int, Task]] = []
         self._waits: list[tuple[tuple[int, ...], int, Task]] = []
         self._order = itertools.count()
@@ -181,7 +182,8 @@ class Executor:
                 handle = task.run() if task.run is not None else None
                 self._record("post", task, start)
             except BaseException as exc:  # noqa: BLE001 - reported through the futures
-                self._fail(describe_failure(task.graph, None, exc, self.timeout))
+                self._fail(describe_failure(task.graph, None, exc, self.timeout),
+                           task.graph.step)
                 return
             if isinstance(handle, Handle) and handle.kind != "send":
                 task.handle = handle
@@ -213,19 +215,23 @@ class Executor:
             if graph.on_done is not None:
                 graph.on_done()
         except BaseException as exc:  # noqa: BLE001
-            self._fail(describe_failure(graph, None, exc, self.timeout))
+            self._fail(describe_failure(graph, None, exc, self.timeout), graph.step)
             return
         with self._cv:
             self._live.discard(graph)
             self._cv.notify_all()
         graph.finished.set()
 
-    def _fail(self, error: SyncError) -> None:
-        if self.error is None and self.explain is not None:
-            error = self.explain(error)
+    def _fail(self, error: SyncError, step: int) -> None:
+        # Several waiters can fail at once (one dead peer breaks many messages): the
+        # first explains, alone — the diagnosis talks to the job's store, one client.
+        with self._failing:
+            if self.error is None and self.explain is not None:
+                error = self.explain(error, step)
+            with self._cv:
+                if self.error is None:
+                    self.error = error
         with self._cv:
-            if self.error is None:
-                self.error = error
             live = list(self._live)
             self._live.clear()
             self._cv.notify_all()
@@ -255,7 +261,8 @@ class Executor:
                 task.run()
                 self._record("compute", task, start)
             except BaseException as exc:  # noqa: BLE001
-                self._fail(describe_failure(task.graph, None, exc, self.timeout))
+                self._fail(describe_failure(task.graph, None, exc, self.timeout),
+                           task.graph.step)
                 continue
             self._dispatch(self._complete(task))
 
@@ -267,6 +274,7 @@ class Executor:
                 self.transport.wait(task.handle, self.timeout)
                 self._record("comm", task, start)
             except BaseException as exc:  # noqa: BLE001
-                self._fail(describe_failure(task.graph, task.handle, exc, self.timeout))
+                self._fail(describe_failure(task.graph, task.handle, exc, self.timeout),
+                           task.graph.step)
                 continue
             self._dispatch(self._complete(task))

@@ -10,6 +10,7 @@ store may live on the dead rank.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 __all__ = ["Health"]
@@ -83,4 +84,28 @@ class Health:
             return "; ".join(behind + notes)
 
         found = _bounded(read, 3.0)
+        _bounded(lambda: self.store.set(f"{_PREFIX}/done/{self.rank}", str(step)), 2.0)
         return f" [{found}]" if found else ""
+
+    def linger(self, step: int, seconds: float = 5.0) -> None:
+        """On rank 0, which hosts the job's store: keep it up until every rank that
+        reached ``step`` has read its diagnosis, or ``seconds`` pass. A rank 0 that
+        raised and exited at once would take the store, and the others' diagnosis
+        of who failed, with it."""
+        if self.store is None or self.rank != 0:
+            return
+
+        def waiting() -> list[int]:
+            out = []
+            for other in range(1, self.size):
+                key = f"{_PREFIX}/step/{other}"
+                seen = int(self.store.get(key)) if self.store.check([key]) else -1
+                if seen >= step and not self.store.check([f"{_PREFIX}/done/{other}"]):
+                    out.append(other)
+            return out
+
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if _bounded(waiting, 2.0) == []:
+                return
+            time.sleep(0.05)

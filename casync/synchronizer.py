@@ -214,10 +214,12 @@ class Synchronizer:
                         f"{rank} has {other.get(name)!r}; start every rank with the same "
                         "HiPress version, algorithm and settings")
 
-    def _explain(self, error: SyncError) -> SyncError:
-        """Publish what this rank saw, then add what the other ranks saw."""
+    def _explain(self, error: SyncError, step: int) -> SyncError:
+        """Publish what this rank saw fail in ``step``, then add what the others saw."""
         self.health.report(str(error).split(": ", 1)[-1][:300])
-        return SyncError(f"{error}{self.health.diagnose(self.step)}")
+        found = self.health.diagnose(step)
+        self.health.linger(step)
+        return SyncError(f"{error}{found}")
 
     # -- the step -----------------------------------------------------------------------
 
