@@ -105,9 +105,6 @@ def test_planner_never_compresses_when_it_predicts_worse(rate):
         d = planner.choose(name, n, 8, ready=i * 1e-3)
         if d.plan.compress:
             assert d.finish <= d.uncompressed
-        # and nothing else it could have chosen was predicted to finish earlier
-        for plan in planner.candidates(n, 8)[:5]:
-            assert d.finish <= d.uncompressed or plan.compress
 
 
 def test_planner_compresses_on_slow_links_and_not_on_fast_ones():
@@ -221,7 +218,7 @@ def test_auto_plan_agrees_across_ranks_and_reuses_its_profile(tmp_path):
     first = launch(2, "auto_plan", tmp_path / "a", {"algo": "onebit"}, env=env)
     assert all(r["rc"] == 0 for r in first), first[0]["log"][-3000:]
     assert first[0]["plans"] == first[1]["plans"] and first[0]["digest"] == first[1]["digest"]
-    assert any("onebit" in p for p in first[0]["plans"].values()) or first[0]["plans"]
+    assert first[0]["plans"]  # the large tensors were planned
     for key, value in first[0]["arrays"].items():
         np.testing.assert_array_equal(value, first[1]["arrays"][key], err_msg=key)
     sizes = first[0]["sizes"]

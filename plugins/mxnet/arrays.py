@@ -7,7 +7,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-__all__ = ["host_view", "local_sum"]
+__all__ = ["host_view", "local_sum", "stage", "write_back"]
 
 
 def host_view(array: mx.nd.NDArray) -> Any:
@@ -34,3 +34,20 @@ def local_sum(values: list[mx.nd.NDArray]) -> mx.nd.NDArray:
     for v in values[1:]:
         total += v.as_in_context(ctx)
     return total
+
+
+def stage(values: list[mx.nd.NDArray], outs: list[mx.nd.NDArray]) -> tuple[Any, list[Any]]:
+    """A host buffer holding the sum of one gradient's per-device ``values``, and the
+    arrays of ``outs`` that must receive the result (none when the buffer is the only
+    one's own memory)."""
+    buf, copied = host_view(local_sum(values))
+    in_place = not copied and len(values) == 1 and len(outs) == 1 and outs[0] is values[0]
+    return buf, [] if in_place else outs
+
+
+def write_back(buf: Any, targets: list[mx.nd.NDArray]) -> None:
+    """Copy a synchronized host buffer into ``targets``."""
+    data = buf.numpy() if hasattr(buf, "numpy") else buf
+    for t in targets:
+        t[:] = data.reshape(t.shape)
+

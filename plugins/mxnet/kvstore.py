@@ -9,7 +9,7 @@ import numpy as np
 
 from hipress import distributed as core
 
-from .arrays import host_view, local_sum
+from .arrays import stage, write_back
 
 __all__ = ["KVStore"]
 
@@ -43,7 +43,7 @@ class HiPress(mx.kv.KVStoreBase):
         self._engine: Any = None
         self._order: list[Any] = []      # keys of one step, learned in the first
         self._learning = True
-        self._pending: list[tuple[Any, Any, bool, list[mx.nd.NDArray]]] = []
+        self._pending: list[tuple[Any, Any, list[mx.nd.NDArray]]] = []
 
     # -- the KVStoreBase interface -----------------------------------------------------
 
@@ -108,11 +108,8 @@ class HiPress(mx.kv.KVStoreBase):
     # -- batching ----------------------------------------------------------------------
 
     def _stage(self, key: Any, values: list[mx.nd.NDArray],
-               outs: list[mx.nd.NDArray]) -> tuple[Any, Any, bool, list[mx.nd.NDArray]]:
-        buf, copy_back = host_view(local_sum(values))
-        if len(values) > 1 or outs[0] is not values[0]:
-            copy_back = True
-        return key, buf, copy_back, outs
+               outs: list[mx.nd.NDArray]) -> tuple[Any, Any, list[mx.nd.NDArray]]:
+        return (key, *stage(values, outs))
 
     def _run(self) -> None:
         """Synchronize the pending keys in one engine step and write the sums out."""
@@ -121,16 +118,13 @@ class HiPress(mx.kv.KVStoreBase):
         if not core.is_live(self._engine):
             self._engine = self.options.engine()
         pending, self._pending = self._pending, []
-        for key, buf, _, _ in pending:
+        for key, buf, _ in pending:
             self._engine.submit(str(key), buf)
         self._engine.synchronize()
         world = float(core.size())
-        for _, buf, copy_back, outs in pending:
+        for _, buf, targets in pending:
             buf *= world  # the engine averages; a KVStore sums
-            if copy_back:
-                data = buf.numpy() if hasattr(buf, "numpy") else buf
-                for o in outs:
-                    o[:] = data.reshape(o.shape)
+            write_back(buf, targets)
 
 
 KVStore = HiPress

@@ -8,7 +8,7 @@ import mxnet as mx
 
 from hipress import distributed as core
 
-from .arrays import host_view, local_sum
+from .arrays import stage, write_back
 
 __all__ = ["DistributedTrainer"]
 
@@ -42,12 +42,9 @@ class DistributedTrainer(mx.gluon.Trainer):
             if param.grad_req == "null":
                 continue
             grads = param.list_grad()
-            buf, copy_back = host_view(local_sum(grads))
-            staged.append((buf, copy_back or len(grads) > 1, grads))
+            buf, targets = stage(grads, grads)
+            staged.append((buf, targets))
             self._engine.submit(f"{i}:{param.name}", buf)
         self._engine.synchronize()
-        for buf, copy_back, grads in staged:
-            if copy_back:
-                data = buf.numpy() if hasattr(buf, "numpy") else buf
-                for g in grads:
-                    g[:] = data.reshape(g.shape)
+        for buf, targets in staged:
+            write_back(buf, targets)
