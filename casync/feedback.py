@@ -26,7 +26,6 @@ class ErrorFeedback:
 
     def __init__(self) -> None:
         self._residuals: dict[Hashable, np.ndarray] = {}
-        self._scratch: dict[Hashable, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self._residuals)
@@ -38,25 +37,19 @@ class ErrorFeedback:
     def reset(self) -> None:
         """Forget every residual (e.g. after the model was reloaded)."""
         self._residuals.clear()
-        self._scratch.clear()
 
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:
         """Encode ``x`` plus the site's residual (into ``out`` if given); update the residual."""
+        # In place, in three passes: residual += x; encode it; residual -= decode(payload).
         residual = self._residuals.get(key)
-        compensated = self._scratch.get(key)
-        if compensated is None or compensated.size != x.size:
-            # Buffers live as long as the site: no page faults on later steps.
-            compensated = self._scratch[key] = np.empty(x.size, np.float32)
         if residual is None or residual.size != x.size:
-            residual = self._residuals[key] = np.empty(x.size, np.float32)
-            np.copyto(compensated, x)
+            # The buffer lives as long as the site: no page faults on later steps.
+            residual = self._residuals[key] = np.array(x, np.float32, copy=True)
         else:
-            np.add(x, residual, out=compensated)
-        payload = codec.encode(compensated, step=step, out=out)
-        codec.decode(payload, compensated.size, out=residual)
-        with np.errstate(invalid="ignore", over="ignore"):
-            np.subtract(compensated, residual, out=residual)
+            np.add(residual, x, out=residual)
+        payload = codec.encode(residual, step=step, out=out)
+        codec.decode(payload, residual.size, out=residual, accumulate=True, scale=-1.0)
         # A NaN or Inf gradient would poison every later step through the residual.
         # (A sum is one pass without a temporary; NaN and Inf propagate into it.)
         if not np.isfinite(residual.sum(dtype=np.float32)):

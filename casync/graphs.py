@@ -135,9 +135,12 @@ def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payloa
             deps: tuple[Task | None, ...]) -> Task:
     """Decode (or decode-and-merge) into ``out``; ``scale`` turns the sum into the mean."""
     def run() -> None:
-        P.decode(ctx.codec_for(out), payload(), out, accumulate)
-        if scale is not None:
+        codec = ctx.codec_for(out)
+        if accumulate and scale is not None:  # the mean of the whole sum
+            P.decode(codec, payload(), out, True)
             np.multiply(out, np.float32(scale), out=out)
+        else:  # one pass: the decoded values, scaled
+            P.decode(codec, payload(), out, accumulate, 1.0 if scale is None else scale)
 
     return graph.task(name, "compute", prio, run, deps)
 

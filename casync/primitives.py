@@ -44,9 +44,10 @@ def encode(codec: Codec, x: np.ndarray, step: int, feedback: ErrorFeedback | Non
 
 
 def decode(codec: Codec, payload: np.ndarray, out: np.ndarray,
-           accumulate: bool = False) -> None:
-    """Decompress ``payload`` into ``out`` (its length is the element count), or add to it."""
-    codec.decode(payload, out.size, out=out, accumulate=accumulate)
+           accumulate: bool = False, scale: float = 1.0) -> None:
+    """Decompress ``payload`` into ``out`` (its length is the element count), or add to it;
+    the values are multiplied by ``scale`` in the same pass."""
+    codec.decode(payload, out.size, out=out, accumulate=accumulate, scale=scale)
 
 
 def merge(acc: np.ndarray, x: np.ndarray) -> None:

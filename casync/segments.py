@@ -56,14 +56,16 @@ class Segmented:
             pos += payload.size
         return out[:pos]
 
-    def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False) -> Any:
+    def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
+               scale: float = 1.0) -> Any:
         if out is None:
             out = np.empty(n, np.float32)
         buf = np.asarray(payload).reshape(-1)
         pos = 0
         for a, b in self._segments(n):
             size = framed_size(buf[pos:])
-            self.codec.decode(buf[pos:pos + size], b - a, out=out[a:b], accumulate=accumulate)
+            self.codec.decode(buf[pos:pos + size], b - a, out=out[a:b], accumulate=accumulate,
+                              scale=scale)
             pos += size
         if pos != buf.size:
             raise PayloadError(f"{buf.size - pos} bytes follow the last segment's payload")

@@ -159,7 +159,6 @@ class Synchronizer:
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, np.ndarray] = {}
-        self._graphs = 0
         self.algorithm = None if algorithm in (None, "none") else algorithm
         self.topology = "none" if self.algorithm is None else topology
         self.params = dict(params)
@@ -335,10 +334,12 @@ class Synchronizer:
     # -- graphs -------------------------------------------------------------------------
 
     def _owners(self, parts: list[slice]) -> list[int]:
-        """Aggregators for ps partitions: the least-loaded rank, rotating ties."""
+        """Aggregators for ps partitions: the least-loaded rank, ties rotating with the
+        graph's place in the step. The same tensor gets the same aggregators every step,
+        so an aggregator's error-feedback residual is applied at its next re-encode."""
         owners = []
         for sl in parts:
-            start = self._graphs % self.size
+            start = len(self._step_graphs) % self.size
             rank = min(range(self.size),
                        key=lambda r: (self._load[r], (r - start) % self.size))
             self._load[rank] += sl.stop - sl.start
@@ -358,7 +359,6 @@ class Synchronizer:
         self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
         graph = Graph(label, self.step)
         BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))
-        self._graphs += 1
 
         def done() -> None:
             offset = 0

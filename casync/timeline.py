@@ -97,7 +97,7 @@ def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: in
     def nbytes(v: float) -> float:
         return g * cost.nbytes(algo, v / g)
 
-    def mean(v: float) -> float:  # the final decode scales the sum into the average
+    def mean(v: float) -> float:  # allgather scales the decoded sum into the average
         return cost.merge(v / g)
 
     if topology == "ps":
@@ -108,7 +108,7 @@ def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: in
                 Stage("net", full / n, full - full / n),
                 Stage("compute", agg / n, agg - agg / n),
                 Stage("net", full / n, full - full / n),
-                Stage("compute", dec(x) + mean(x))]
+                Stage("compute", dec(x))]  # the decode also averages
     if topology == "ring":
         c = x / n
         hop = cost.send(nbytes(c))
@@ -116,7 +116,7 @@ def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: in
         for _ in range(n - 1):
             out += [Stage("net", hop), Stage("compute", dec(c) + enc(c))]
         out += [Stage("net", hop) for _ in range(n - 1)]
-        return out + [Stage("compute", n * (dec(c) + mean(c)))]
+        return out + [Stage("compute", n * dec(c))]  # the decodes also average
     if topology == "allgather":
         return [Stage("compute", enc(x)), Stage("net", cost.send((n - 1) * nbytes(x))),
                 Stage("compute", n * dec(x) + mean(x))]

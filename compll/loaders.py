@@ -5,7 +5,8 @@ Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
     int64_t hp_encode(const float* g, uint64_t n, uint32_t seed, uint32_t step,
                       uint8_t* out, uint64_t cap);      // payload size; writes if it fits
     int     hp_decode(const uint8_t* p, uint64_t size, uint64_t n, float* out,
-                      int accumulate, char* err, uint64_t errcap);   // 0 or an error
+                      int accumulate, float scale,           // out (+)= scale * v
+                      char* err, uint64_t errcap);           // 0 or an error
 
 On the CPU the pointers are host memory (zero-copy views of NumPy arrays or CPU
 tensors); on the GPU they are device pointers of CUDA tensors.
@@ -65,8 +66,8 @@ class Kernel:
                                   ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
         lib.hp_decode.restype = ctypes.c_int
         lib.hp_decode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
-                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p,
-                                  ctypes.c_uint64]
+                                  ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                  ctypes.c_char_p, ctypes.c_uint64]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
         lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
@@ -98,9 +99,11 @@ class Kernel:
         self._last[n] = int(size)
         return out[:size]
 
-    def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool) -> None:
+    def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool,
+                   scale: float = 1.0) -> None:
         err = ctypes.create_string_buffer(_ERRCAP)
-        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), err, _ERRCAP)
+        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), scale, err,
+                                _ERRCAP)
         if rc == 3:
             raise HiPressError(f"{self.program.name} decode failed on {self.target}: "
                                f"{err.value.decode(errors='replace')}")
@@ -131,8 +134,10 @@ class CpuKernel(Kernel):
 
         return self.run_encode(x.ctypes.data, x.size, seed, step, alloc)
 
-    def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool) -> None:
-        self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate)
+    def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool,
+               scale: float = 1.0) -> None:
+        self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate,
+                        scale)
 
 
 class CudaKernel(Kernel):
@@ -154,13 +159,15 @@ class CudaKernel(Kernel):
         with torch.cuda.device(x.device):
             return self.run_encode(x.data_ptr(), x.numel(), seed, step, alloc)
 
-    def decode(self, payload: Any, n: int, out: Any, accumulate: bool) -> None:
+    def decode(self, payload: Any, n: int, out: Any, accumulate: bool,
+               scale: float = 1.0) -> None:
         import torch
 
         if payload.data_ptr() % 8:
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
         with torch.cuda.device(out.device):
-            self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate)
+            self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate,
+                            scale)
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel:

@@ -156,7 +156,8 @@ class Codec:
             into = into.reshape(-1)
         return self._kernel(backend).encode(data, self.seed, step, into)
 
-    def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False) -> Any:
+    def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
+               scale: float = 1.0) -> Any:
         """Decompress a payload of ``n`` elements.
 
         Args:
@@ -165,6 +166,8 @@ class Codec:
             n: the element count the caller expects; a mismatch is a PayloadError.
             out: an optional contiguous float32 array or tensor of ``n`` elements.
             accumulate: add the decoded values to ``out`` instead of overwriting it.
+            scale: multiply the decoded values by this float32 first, in the same pass
+                (``1 / world`` averages a sum; ``-1`` with ``accumulate`` subtracts).
 
         Returns:
             ``out`` if given, else a new float32 array (a CUDA tensor for CUDA payloads).
@@ -174,6 +177,7 @@ class Codec:
                 ``out`` is left as it was.
         """
         n = int(n)
+        scale = float(np.float32(scale))
         if accumulate and out is None:
             raise ConfigError("accumulate=True needs out= to accumulate into")
         if _is_cuda(payload):
@@ -185,7 +189,7 @@ class Codec:
                     and target.numel() == n and target.is_contiguous()):
                 raise ConfigError(f"out= must be a contiguous float32 CUDA tensor of {n} "
                                   "elements")
-            self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate)
+            self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale)
             return target
         buf = _as_payload(payload)
         backend = self._backend(on_gpu=False)
@@ -197,19 +201,22 @@ class Codec:
                 raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
         if backend == "ref":
             values = interpreter.decode(self.program, buf, n)
-            if dest is None:
-                return values
-            flat = dest.reshape(-1)
-            if accumulate:
-                flat += values
-            else:
-                flat[...] = values
+            with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
+                if scale != 1.0:
+                    values = values * np.float32(scale)
+                if dest is None:
+                    return values
+                flat = dest.reshape(-1)
+                if accumulate:
+                    flat += values
+                else:
+                    flat[...] = values
             return out
         if dest is None:
             dest = np.empty(n, dtype=np.float32)
             out = dest
         self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest.reshape(-1),
-                                     accumulate)
+                                     accumulate, scale)
         return out
 
 

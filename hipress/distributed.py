@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from casync.plan import MIN_COMPRESS
+
 from .errors import ConfigError
 from .hosts import free_port
 
@@ -133,7 +135,7 @@ class EngineOptions:
     """
 
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
-                 min_compress: int = 16384, error_feedback: bool | None = None,
+                 min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
                  timeout: float | None = None, **params: Any) -> None:
         from .codec import algorithms
 

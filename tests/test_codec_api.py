@@ -65,6 +65,20 @@ def test_decode_accumulate_adds_into_out():
         c.decode(p, 777, out=np.zeros(777, np.float64))
 
 
+@pytest.mark.parametrize("name", ["minmax8", "dgc"])  # a dense and a scattered decode
+def test_decode_scales_in_the_same_pass(name):
+    x = gradient(5000)
+    c = hipress.codec(name, target="cpu")
+    p = c.encode(x)
+    plain = c.decode(p, 5000)
+    np.testing.assert_array_equal(c.decode(p, 5000, scale=1 / 3),
+                                  plain * np.float32(1 / 3))
+    acc = gradient(5000, seed=4)
+    # What error feedback does: the residual minus what the payload decodes to.
+    np.testing.assert_array_equal(c.decode(p, 5000, out=acc.copy(), accumulate=True,
+                                           scale=-1.0), acc - plain)
+
+
 def test_params_override_defaults():
     c = hipress.codec("dgc", ratio=0.01)
     assert c.params["ratio"] == pytest.approx(0.01)

@@ -67,6 +67,10 @@ def test_cpu_matches_reference_bit_for_bit(name, params, kind):
             assert same_values(cpu.decode(pr, n), ref.decode(pr, n))
             assert same_values(cpu.decode(pr, n, out=acc.copy(), accumulate=True),
                                ref.decode(pr, n, out=acc.copy(), accumulate=True))
+            # Scaled in the same pass: the average of a sum, and error feedback's subtract.
+            assert same_values(cpu.decode(pr, n, scale=0.25), ref.decode(pr, n, scale=0.25))
+            assert same_values(cpu.decode(pr, n, out=acc.copy(), accumulate=True, scale=-1),
+                               ref.decode(pr, n, out=acc.copy(), accumulate=True, scale=-1))
 
 
 def test_encode_reuses_a_callers_buffer():

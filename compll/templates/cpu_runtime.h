@@ -162,24 +162,24 @@ struct SumF32 {
 template <class F>
 SumF32<F> sum_f32(F f, float* out) { return {f, out, {}}; }
 
-// Integer and bool sums are exact modulo 2^64, wrapped to the 32-bit result type.
+// Integer and bool sums wrap modulo 2^32: every CompLL integer type has at most 32 bits,
+// so these are the low bits of the interpreter's exact sum. No buffer: the loop vectorises.
 template <class T, class F>
 struct SumInt {
   F f;
   T* out;
-  std::vector<int64_t> part;
-  void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0); }
+  std::vector<uint32_t> part;
+  void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0u); }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    alignas(64) int64_t buf[SUM_CHUNK];
-    eval_chunk(buf, lo, hi, f, st);
-    int64_t s = 0;
-    for (uint64_t i = 0; i < hi - lo; ++i) s += buf[i];
+    const F f = this->f;
+    uint32_t s = 0;
+    for (uint64_t i = lo; i < hi; ++i) s += (uint32_t)f(i, st);
     part[(size_t)c] = s;
   }
   void finish() {
-    uint64_t total = 0;
-    for (int64_t p : part) total += (uint64_t)p;
-    *out = (T)(uint32_t)total;
+    uint32_t total = 0;
+    for (uint32_t p : part) total += p;
+    *out = (T)total;
   }
 };
 template <class T, class F>
@@ -338,26 +338,37 @@ struct Store {
 template <class T, class F>
 Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
 
-// The decoded tensor: out[i] = f(i), or out[i] += f(i) when accumulating.
+// The decoded tensor: out[i] = scale * f(i), or out[i] += scale * f(i) when
+// accumulating (a scale of 1 multiplies nothing, so values stay bit-exact).
 template <class F>
 struct WriteOut {
   float* out;
   int accumulate;
+  float scale;
   F f;
   void start(uint64_t, int64_t) {}
   void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
     const F f = this->f;  // a local copy: stores to out cannot alias its captures
     float* const o = this->out;
-    if (accumulate) {
-      for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + f(i, st);
+    const float s = scale;
+    if (s == 1.0f) {
+      if (accumulate) {
+        for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + f(i, st);
+      } else {
+        for (uint64_t i = lo; i < hi; ++i) o[i] = f(i, st);
+      }
+    } else if (accumulate) {
+      for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + s * f(i, st);
     } else {
-      for (uint64_t i = lo; i < hi; ++i) o[i] = f(i, st);
+      for (uint64_t i = lo; i < hi; ++i) o[i] = s * f(i, st);
     }
   }
   void finish() {}
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, F f) { return {out, accumulate, f}; }
+WriteOut<F> write_out(float* out, int accumulate, float scale, F f) {
+  return {out, accumulate, scale, f};
+}
 
 // Materialise a lazy array (used when a packed array is bound to a name).
 template <int BITS, class F>
@@ -482,19 +493,25 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
   }
 }
 
-// A decoded scatter: zeros plus values in index order, added to out when accumulating
-// (through a zeroed scratch so the sum is the interpreter's out + (0 + v1 + v2 ...)).
+// A decoded scatter: zeros plus values in index order, scaled, added to out when
+// accumulating (through a zeroed scratch so the sum is the interpreter's
+// out + scale * (0 + v1 + v2 ...)).
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, uint64_t len, I index, V value) {
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, uint64_t len, I index,
+                 V value) {
   if (!accumulate) {
     std::memset(out, 0, n * sizeof(float));
     scatter_add(out, n, len, index, value);
+    if (scale != 1.0f)
+      fused(n, Unpacks{{}, {}, 0},
+            write_out(out, 0, scale, [=](uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   std::vector<float> tmp((size_t)n, 0.0f);
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
-  fused(n, Unpacks{{}, {}, 0}, write_out(out, 1, [=](uint64_t i, const Stage&) { return t[i]; }));
+  fused(n, Unpacks{{}, {}, 0},
+        write_out(out, 1, scale, [=](uint64_t i, const Stage&) { return t[i]; }));
 }
 
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }

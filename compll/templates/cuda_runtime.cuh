@@ -168,11 +168,15 @@ __global__ void k_store(T* out, uint64_t len, F f, Stage st) {
     out[i] = f(i, st);
 }
 
+// out[i] = scale * f(i), or out[i] += scale * f(i); a scale of 1 multiplies nothing.
 template <class F>
-__global__ void k_write_out(float* out, uint64_t len, int accumulate, F f, Stage st) {
+__global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale, F f,
+                            Stage st) {
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
-       i += (uint64_t)gridDim.x * blockDim.x)
-    out[i] = accumulate ? out[i] + f(i, st) : f(i, st);
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const float v = scale == 1.0f ? f(i, st) : __fmul_rn(scale, f(i, st));
+    out[i] = accumulate ? __fadd_rn(out[i], v) : v;
+  }
 }
 
 // 1-bit packing with a warp ballot: 32 threads, 32 elements, one 32-bit word.
@@ -407,15 +411,18 @@ template <class F>
 struct WriteOut {
   float* out;
   int accumulate;
+  float scale;
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, f, st);
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, F f) { return {out, accumulate, f}; }
+WriteOut<F> write_out(float* out, int accumulate, float scale, F f) {
+  return {out, accumulate, scale, f};
+}
 
 template <int BITS, class F>
 void pack_all(uint8_t* dst, uint64_t len, F f) {
@@ -555,16 +562,21 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 }
 
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, uint64_t len, I index, V value) {
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, uint64_t len, I index,
+                 V value) {
   if (!accumulate) {
     check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
     scatter_add(out, n, len, index, value);
+    if (scale != 1.0f)
+      fused(n, Unpacks{{}, {}, 0},
+            write_out(out, 0, scale, [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   buffer<float> tmp(n);
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
-  fused(n, Unpacks{{}, {}, 0}, write_out(out, 1, [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
+  fused(n, Unpacks{{}, {}, 0},
+        write_out(out, 1, scale, [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
 }
 
 // ---- payload bytes: device memory, written and read from the host ------------------------

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
 
 __all__ = ["HookState", "comm_hook"]
@@ -32,7 +33,7 @@ class HookState:
     """
 
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
-                 error_feedback: bool | None = None, min_compress: int = 16384,
+                 error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
                  timeout: float | None = None, **codec_params: Any) -> None:
         # user knobs, validated here (ValueError says why)
         self.options = core.EngineOptions(algorithm, plan, topology, min_compress,

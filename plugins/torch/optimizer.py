@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
@@ -83,7 +84,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                          algorithm: str = "onebit", backward_passes_per_step: int = 1,
                          topology: str = "ps", error_feedback: bool | None = None,
-                         min_compress: int = 16384, timeout: float | None = None,
+                         min_compress: int = MIN_COMPRESS, timeout: float | None = None,
                          plan: str = "static", **codec_params: Any) -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks as backward produces them.
 
