@@ -56,8 +56,9 @@ def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> fl
         return simulate(cost, nodes, grads, "casync",
                         planner=StaticPlanner("dgc", "ring", min_compress=262144)).end
     if name.startswith("casync-"):
-        return simulate(cost, nodes, grads, "casync",
-                        planner=CostPlanner(cost, (name.split("-", 1)[1],))).end
+        planner = CostPlanner(cost, (name.split("-", 1)[1],))
+        planner.fit(grads, nodes)
+        return simulate(cost, nodes, grads, "casync", planner=planner).end
     raise ValueError(f"unknown strategy {name!r}")
 
 

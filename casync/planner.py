@@ -7,19 +7,31 @@ everything already planned, and keeps the one that finishes first. So the decisi
 counts pipelining across partitions and the work already queued on each lane: with a
 busy link it compresses more, with a busy compute lane less (Espresso's lesson).
 
+Greedy choices are myopic (an early tensor's choice can crowd the lanes for later ones),
+so once the whole model is known — the engine calls ``fit`` after a step — the planner
+also simulates the model under each topology alone and under each fixed strategy, and
+follows whichever whole-model plan the simulation predicts fastest.
+
 Every rank computes the same plans from the same cost model and the same submission
 order, so plans agree without messages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .costmodel import CostModel
-from .plan import Plan
+from .plan import Plan, Planner, StaticPlanner
 from .timeline import Lanes, predict
 
-__all__ = ["CostPlanner", "Decision"]
+__all__ = ["CostPlanner", "Decision", "MIXED_MARGIN"]
+
+#: How much faster a whole-model plan that mixes topologies must be predicted than the
+#: best single-topology plan to be chosen. Validation (docs/benchmarks.md) measured
+#: mixed plans up to 36 % slower than predicted, fixed ps and allgather within 15 %.
+MIXED_MARGIN = 0.25
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,11 @@ class CostPlanner:
     small: int = 262144
     lanes: Lanes = field(default_factory=Lanes, repr=False)
     decisions: dict[str, Decision] = field(default_factory=dict, repr=False)
+    #: the whole-model plan ``fit`` chose, which ``plan`` follows; None before a fit
+    fitted: Planner | None = field(default=None, repr=False)
+    #: each candidate ``fit`` simulated, with its predicted end (seconds), and the chosen
+    predictions: dict[str, float] = field(default_factory=dict, repr=False)
+    choice: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         self.algorithms = tuple(self.algorithms)
@@ -99,8 +116,47 @@ class CostPlanner:
         self.decisions[name] = decision
         return decision
 
+    def fit(self, grads: Sequence[Any], world: int, fuse_below: int = 262144,
+            bucket_elems: int = 4 << 20) -> Planner:
+        """Choose the plans of a whole model at once; ``plan`` follows them from now on.
+
+        Simulates (``casync.simulate``) one iteration of ``grads`` (``Gradient``s in
+        submission order, with ready times) under this planner's greedy choice over all
+        its topologies, under the greedy choice restricted to each topology, and under
+        each fixed strategy (``StaticPlanner``), then keeps the fastest prediction. A
+        mixed-topology plan must win by ``MIXED_MARGIN``.
+
+        Returns:
+            The planner now followed.
+        """
+        from .simulate import simulate
+
+        mixed = len(self.topologies) > 1
+        candidates: dict[str, Planner] = {}
+        for topos in ([self.topologies] if mixed else []) + [(t,) for t in self.topologies]:
+            candidates["greedy " + "+".join(topos)] = CostPlanner(
+                self.cost, self.algorithms, topos, self.max_partitions, self.small)
+        for algo in self.algorithms:
+            for topo in self.topologies:
+                candidates[f"fixed {algo} {topo}"] = StaticPlanner(algo, topo)
+        self.predictions = {
+            label: simulate(self.cost, world, grads, "casync", planner=planner,
+                            fuse_below=fuse_below, bucket_elems=bucket_elems).end
+            for label, planner in candidates.items()}
+
+        def score(label: str) -> float:
+            penalty = 1 / (1 - MIXED_MARGIN) if "+" in label else 1.0
+            return self.predictions[label] * penalty
+
+        self.choice = min(candidates, key=score)  # ties: the first listed
+        self.fitted = candidates[self.choice]
+        return self.fitted
+
     def plan(self, name: str, numel: int, world_size: int) -> Plan:
-        """The engine's interface: the plan for ``name``, decided on first sight."""
+        """The engine's interface: the plan for ``name``, decided on first sight (or by
+        the whole-model plan, after ``fit``)."""
+        if self.fitted is not None:
+            return self.fitted.plan(name, numel, world_size)
         if numel < self.small:
             # Batched with its neighbours: price a whole batch, apart from the lanes.
             key = f"<small x{world_size}>"

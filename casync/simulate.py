@@ -92,6 +92,8 @@ def _label(group: list[Gradient]) -> str:
 def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,
             fuse_below: int, bucket_elems: int) -> Result:
     """The engine's grouping: small tensors batched (raw or packed), the rest alone."""
+    if isinstance(planner, CostPlanner) and planner.fitted is not None:
+        planner = planner.fitted  # a whole-model plan: follow it
     own = Lanes()
     if isinstance(planner, CostPlanner):
         planner.lanes = own

@@ -155,6 +155,10 @@ class Synchronizer:
         self._tag = 0
         self._buckets = {"raw": _Bucket(), "packed": _Bucket()}
         self._names: set[str] = set()
+        # A planner that plans whole models (CostPlanner.fit) learns this step's tensors.
+        self._fit = getattr(self.planner, "fit", None) if self.size > 1 else None
+        self._seen: list[tuple[str, int]] = []
+        self._fitted: list[tuple[str, int]] | None = None
         self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
@@ -247,6 +251,8 @@ class Synchronizer:
             self.health.progress(self.step)
         entry = _Entry(name, tensor, buf, write_back, _future())
         self._names.add(name)
+        if self._fit is not None:
+            self._seen.append((name, buf.size))
         if self.size == 1:
             _give_back(entry, buf)
             entry.future.set_result(tensor)
@@ -305,7 +311,20 @@ class Synchronizer:
         self._step_graphs = []
         self._names.clear()
         self._load = [0] * self.size
+        self._refit()
         self.step += 1
+
+    def _refit(self) -> None:
+        """Plan the whole model once its tensors are known, again if they change (DDP
+        rebuilds its buckets after the first step). Every rank saw the same tensors."""
+        seen, self._seen = self._seen, []
+        if self._fit is None or not seen or seen == self._fitted:
+            return
+        from .simulate import Gradient
+
+        self._fit([Gradient(name, numel) for name, numel in seen], self.size,
+                  fuse_below=self.fuse_below, bucket_elems=self.bucket_elems)
+        self._fitted = seen
 
     def _settle(self) -> None:
         """Wait until earlier steps' graphs finished and their sends completed."""

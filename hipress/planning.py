@@ -138,6 +138,7 @@ def plan_main(argv: list[str]) -> int:
     grads = ready_times(layers(args.model), backward / 1e3) if backward > 0 else \
         [Gradient(layer.name, layer.numel) for layer in layers(args.model)]
     planner = CostPlanner(cost, tuple(args.algorithms))
+    planner.fit(grads, nodes)
     planned = simulate(cost, nodes, grads, "casync", planner=planner)
     base = simulate(cost, nodes, grads, "allreduce")
 
@@ -159,4 +160,6 @@ def plan_main(argv: list[str]) -> int:
     console.print(f"predicted sync end: {planned.end * 1e3:.1f} ms after backward starts "
                   f"(backward {backward:.0f} ms); uncompressed allreduce: "
                   f"{base.end * 1e3:.1f} ms; {share:.0%} of the elements compressed")
+    others = ", ".join(f"{label} {t * 1e3:.1f} ms" for label, t in planner.predictions.items())
+    console.print(f"whole-model plan: {planner.choice} (candidates: {others})")
     return 0

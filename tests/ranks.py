@@ -213,10 +213,11 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             sync.submit(f"t{i}", t)
         sync.synchronize()
         arrays.update({f"{step}/{i}": t.numpy() for i, t in enumerate(tensors)})
-    planner = sync.planner
-    plans = {name: repr(d.plan) for name, d in planner.decisions.items()}  # type: ignore
-    result = {"plans": plans, "digest": planner.cost.digest,  # type: ignore
-              "measured": planner.cost.meta["date"], "sizes": sizes}  # type: ignore
+    planner: Any = sync.planner
+    # After the first step the planner planned the whole model (CostPlanner.fit).
+    plans = {f"t{i}": repr(planner.plan(f"t{i}", n, sync.size)) for i, n in enumerate(sizes)}
+    result = {"plans": plans, "choice": planner.choice, "digest": planner.cost.digest,
+              "measured": planner.cost.meta["date"], "sizes": sizes}
     sync.close()
     np.savez(out / f"rank{rank}.npz", **arrays)
     return result

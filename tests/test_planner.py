@@ -132,6 +132,38 @@ def test_plans_are_deterministic_and_survive_a_json_round_trip(tmp_path):
     assert repr(a) == repr(b)
 
 
+@pytest.mark.parametrize("model,rate", [("resnet50", 1e9), ("vgg19", 1e9),
+                                        ("bert-base", 25e9), ("resnet50", 100e9)])
+def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rate):
+    cost = CostModel.cluster(4, 1, rate, ("onebit", "dgc"))
+    grads = [Gradient(layer.name, layer.numel) for layer in layers(model)]
+    planner = CostPlanner(cost, ("onebit", "dgc"))
+    chosen = planner.fit(grads, 4)
+    fitted = simulate(cost, 4, grads, "casync", planner=planner).end
+    assert planner.predictions[planner.choice] == pytest.approx(fitted)
+    for algo in ("onebit", "dgc"):
+        for topo in ("ps", "ring", "allgather"):
+            fixed = simulate(cost, 4, grads, "casync", planner=StaticPlanner(algo, topo)).end
+            assert fitted <= fixed * (1 + 1e-9), (algo, topo)
+    # plan() follows the chosen whole-model plan
+    name, n = grads[0].name, grads[0].numel
+    assert planner.plan(name, n, 4) == chosen.plan(name, n, 4)
+
+
+def test_a_mixed_topology_plan_must_win_by_the_margin():
+    from casync.planner import MIXED_MARGIN
+
+    cost = CostModel.cluster(4, 1, 1e9, ("onebit",))
+    grads = [Gradient(layer.name, layer.numel) for layer in layers("resnet50")]
+    planner = CostPlanner(cost, ("onebit",))
+    planner.fit(grads, 4)
+    single = min(t for label, t in planner.predictions.items() if "+" not in label)
+    if "+" in planner.choice:
+        assert planner.predictions[planner.choice] < (1 - MIXED_MARGIN) * single
+    else:
+        assert planner.predictions[planner.choice] == single
+
+
 def test_model_profiles_have_their_known_sizes():
     assert total("resnet50") == 25_557_032
     assert total("vgg19") == 143_667_240
@@ -219,6 +251,8 @@ def test_auto_plan_agrees_across_ranks_and_reuses_its_profile(tmp_path):
     assert all(r["rc"] == 0 for r in first), first[0]["log"][-3000:]
     assert first[0]["plans"] == first[1]["plans"] and first[0]["digest"] == first[1]["digest"]
     assert first[0]["plans"]  # the large tensors were planned
+    # the first step's tensors were planned as a whole model, the same on both ranks
+    assert first[0]["choice"] and first[0]["choice"] == first[1]["choice"]
     for key, value in first[0]["arrays"].items():
         np.testing.assert_array_equal(value, first[1]["arrays"][key], err_msg=key)
     sizes = first[0]["sizes"]
