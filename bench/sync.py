@@ -225,10 +225,11 @@ def _predict(rows: list[dict[str, Any]], cost: Any, world: int,
         elif case.startswith("naive"):
             result = simulate(cost, world, grads, "naive", algorithm=algo)
         elif case.startswith("casync"):
-            planner: Any = StaticPlanner(algo, topo)
             if topo == "auto":  # what the engine follows after its first (warm-up) step
-                planner = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
+                planner: Any = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
                 planner.fit(grads, world, fuse_below=args.fuse_below)
+            else:
+                planner = StaticPlanner(algo, topo)
             result = simulate(cost, world, grads, "casync", planner=planner,
                               fuse_below=args.fuse_below)
         else:

@@ -132,7 +132,7 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int,
         plan: topology, algorithm and partitions K.
         numel: elements of the tensor.
         world: nodes taking part (``cost.gpus`` workers each).
-        engine: add CaSync's own per-graph cost (``graph/TOPOLOGY``); off for
+        engine: add CaSync's own cost per partition sub-graph (``graph/TOPOLOGY``); off for
             baselines that do not run through the engine.
 
     Example:
@@ -154,8 +154,10 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int,
             inner += _codec_stages(cost, plan.topology, plan.algorithm, x, world)
         out.append(on_host(cost, inner + post))
     overhead = cost.costs.get(f"graph/{plan.topology}")
-    if engine and overhead is not None and out:  # the engine's own cost of running the graph
-        out[0] = [Stage("compute", overhead.a), *out[0]]
+    if engine and overhead is not None:
+        # The engine's own cost of running a graph (tasks, dispatch, messages), measured
+        # on one-partition graphs: each partition is such a sub-graph of its own.
+        out = [[Stage("compute", overhead.a), *chain] for chain in out]
     return out
 
 
