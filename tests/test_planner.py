@@ -150,18 +150,19 @@ def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rat
     assert planner.plan(name, n, 4) == chosen.plan(name, n, 4)
 
 
-def test_a_mixed_topology_plan_must_win_by_the_margin():
-    from casync.planner import MIXED_MARGIN
+@pytest.mark.parametrize("rate", [1e9, 100e9])
+def test_a_greedy_plan_must_beat_the_fixed_ones_by_the_margin(rate):
+    from casync.planner import GREEDY_MARGIN
 
-    cost = CostModel.cluster(4, 1, 1e9, ("onebit",))
+    cost = CostModel.cluster(4, 1, rate, ("onebit",))
     grads = [Gradient(layer.name, layer.numel) for layer in layers("resnet50")]
     planner = CostPlanner(cost, ("onebit",))
     planner.fit(grads, 4)
-    single = min(t for label, t in planner.predictions.items() if "+" not in label)
-    if "+" in planner.choice:
-        assert planner.predictions[planner.choice] < (1 - MIXED_MARGIN) * single
+    fixed = min(t for label, t in planner.predictions.items() if label.startswith("fixed"))
+    if planner.choice.startswith("greedy"):
+        assert planner.predictions[planner.choice] < (1 - GREEDY_MARGIN) * fixed
     else:
-        assert planner.predictions[planner.choice] == single
+        assert planner.predictions[planner.choice] == fixed
 
 
 def test_model_profiles_have_their_known_sizes():
