@@ -120,6 +120,8 @@ class Synchronizer:
         >>> sync.synchronize()   # every p.grad now holds the average over ranks
     """
 
+    _MAX_FITS = 3  # whole-model plans (CostPlanner.fit) per engine
+
     def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
                  planner: Planner | str | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
@@ -159,6 +161,7 @@ class Synchronizer:
         self._fit = getattr(self.planner, "fit", None) if self.size > 1 else None
         self._seen: list[tuple[str, int]] = []
         self._fitted: list[tuple[str, int]] | None = None
+        self._fits = 0
         self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
@@ -316,15 +319,19 @@ class Synchronizer:
 
     def _refit(self) -> None:
         """Plan the whole model once its tensors are known, again if they change (DDP
-        rebuilds its buckets after the first step). Every rank saw the same tensors."""
+        rebuilds its buckets after the first step), at most ``_MAX_FITS`` times: a model
+        whose tensors change every step keeps its last whole-model plan (tensors it has
+        not seen are planned on first sight). Every rank saw the same tensors."""
         seen, self._seen = self._seen, []
-        if self._fit is None or not seen or seen == self._fitted:
+        if self._fit is None or not seen or seen == self._fitted \
+                or self._fits >= self._MAX_FITS:
             return
         from .simulate import Gradient
 
         self._fit([Gradient(name, numel) for name, numel in seen], self.size,
                   fuse_below=self.fuse_below, bucket_elems=self.bucket_elems)
         self._fitted = seen
+        self._fits += 1
 
     def _settle(self) -> None:
         """Wait until earlier steps' graphs finished and their sends completed."""
