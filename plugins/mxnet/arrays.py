@@ -50,4 +50,3 @@ def write_back(buf: Any, targets: list[mx.nd.NDArray]) -> None:
     data = buf.numpy() if hasattr(buf, "numpy") else buf
     for t in targets:
         t[:] = data.reshape(t.shape)
-
