@@ -72,8 +72,9 @@ HP_FN T hp_sel(bool c, T a, T b) {
 // Saturating float-to-int casts, written as selects over values that are always in
 // range for the conversion, so they vectorise without branches.
 HP_FN int32_t hp_f2i32(float x) {
-  const float c = x < -2147483648.0f ? -2147483648.0f : (x < 2147483520.0f ? x : 2147483520.0f);
-  const int32_t t = (int32_t)(x == x ? c : 0.0f);
+  float c = x < 2147483520.0f ? x : 2147483520.0f;  // a min (NaN gives the bound) ...
+  c = c > -2147483648.0f ? c : -2147483648.0f;      // ... and a max: c is in range
+  const int32_t t = x == x ? (int32_t)c : 0;
   return x >= 2147483648.0f ? 2147483647 : t;
 }
 HP_FN uint32_t hp_f2u32(float x) {

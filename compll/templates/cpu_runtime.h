@@ -277,11 +277,11 @@ struct Pack {
     constexpr uint8_t mask = (uint8_t)((1u << BITS) - 1u);
     const uint64_t len = hi - lo;
     uint8_t* out = dst + lo * BITS / 8;
-    using R = decltype(f(lo, st));
-    alignas(64) R vals[SUM_CHUNK];
     alignas(64) uint8_t v[SUM_CHUNK + 64];
-    eval_chunk(vals, lo, hi, f, st);
-    for (uint64_t i = 0; i < len; ++i) v[i] = (uint8_t)((uint8_t)vals[i] & mask);
+    {  // one vectorised loop from element values to masked bytes
+      const F f = this->f;
+      for (uint64_t i = lo; i < hi; ++i) v[i - lo] = (uint8_t)((uint8_t)f(i, st) & mask);
+    }
     if (BITS == 8) {
       std::memcpy(out, v, len);
       return;
