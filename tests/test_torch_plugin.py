@@ -134,6 +134,7 @@ def _run_example(tmp_path: Path, name: str, *args: str) -> dict:
 def test_hipress_run_trains_the_example(tmp_path):
     result = _run_example(tmp_path, "short", "--steps", "5", "--width", "256")
     assert result["steps"] == 5 and result["world"] == 2
+    assert result["warmup_steps"] == 3 and result["steady_samples_per_s"] > 0
     assert result["replicas_identical"]
     assert result["bytes_per_step"] > 0
 
