@@ -41,17 +41,13 @@ class ErrorFeedback:
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:
         """Encode ``x`` plus the site's residual (into ``out`` if given); update the residual."""
-        # In place, in three passes: residual += x; encode it; residual -= decode(payload).
+        # Two passes over the residual, both inside the kernels: the encode reads
+        # residual + x, and the decode writes residual = (residual + x) - decoded, zeroing
+        # what is not finite (a NaN or Inf gradient would poison every later step).
         residual = self._residuals.get(key)
         if residual is None or residual.size != x.size:
             # The buffer lives as long as the site: no page faults on later steps.
-            residual = self._residuals[key] = np.array(x, np.float32, copy=True)
-        else:
-            np.add(residual, x, out=residual)
-        payload = codec.encode(residual, step=step, out=out)
-        codec.decode(payload, residual.size, out=residual, accumulate=True, scale=-1.0)
-        # A NaN or Inf gradient would poison every later step through the residual.
-        # (A sum is one pass without a temporary; NaN and Inf propagate into it.)
-        if not np.isfinite(residual.sum(dtype=np.float32)):
-            residual[~np.isfinite(residual)] = 0.0
+            residual = self._residuals[key] = np.zeros(x.size, np.float32)
+        payload = codec.encode(x, step=step, out=out, residual=residual)
+        codec.decode(payload, residual.size, out=residual, scale=-1.0, addend=x)
         return payload

@@ -44,20 +44,22 @@ class Segmented:
     def max_payload_bytes(self, n: int) -> int:
         return sum(self.codec.max_payload_bytes(b - a) for a, b in self._segments(n))
 
-    def encode(self, x: np.ndarray, step: int | None = None, out: Any = None) -> np.ndarray:
+    def encode(self, x: np.ndarray, step: int | None = None, out: Any = None,
+               residual: np.ndarray | None = None) -> np.ndarray:
         if out is None or out.size < self.max_payload_bytes(x.size):
             out = np.empty(self.max_payload_bytes(x.size), np.uint8)
         pos = 0
         base = 0 if step is None else step
         for i, (a, b) in enumerate(self._segments(x.size)):
-            payload = self.codec.encode(x[a:b], step=(base + i) & 0xFFFFFFFF, out=out[pos:])
+            payload = self.codec.encode(x[a:b], step=(base + i) & 0xFFFFFFFF, out=out[pos:],
+                                        residual=None if residual is None else residual[a:b])
             if payload.ctypes.data != out[pos:].ctypes.data:  # did not fit: copy it in
                 out[pos:pos + payload.size] = payload
             pos += payload.size
         return out[:pos]
 
     def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
-               scale: float = 1.0) -> Any:
+               scale: float = 1.0, addend: np.ndarray | None = None) -> Any:
         if out is None:
             out = np.empty(n, np.float32)
         buf = np.asarray(payload).reshape(-1)
@@ -65,7 +67,7 @@ class Segmented:
         for a, b in self._segments(n):
             size = framed_size(buf[pos:])
             self.codec.decode(buf[pos:pos + size], b - a, out=out[a:b], accumulate=accumulate,
-                              scale=scale)
+                              scale=scale, addend=None if addend is None else addend[a:b])
             pos += size
         if pos != buf.size:
             raise PayloadError(f"{buf.size - pos} bytes follow the last segment's payload")

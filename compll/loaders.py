@@ -2,10 +2,13 @@
 
 Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
 
-    int64_t hp_encode(const float* g, uint64_t n, uint32_t seed, uint32_t step,
+    int64_t hp_encode(const float* g, const float* r,   // encodes r + g if r
+                      uint64_t n, uint32_t seed, uint32_t step,
                       uint8_t* out, uint64_t cap);      // payload size; writes if it fits
     int     hp_decode(const uint8_t* p, uint64_t size, uint64_t n, float* out,
                       int accumulate, float scale,           // out (+)= scale * v
+                      const float* addend,                   // or out = finite or 0 of
+                                                             //   (out + addend) + scale * v
                       char* err, uint64_t errcap);           // 0 or an error
 
 On the CPU the pointers are host memory (zero-copy views of NumPy arrays or CPU
@@ -62,12 +65,13 @@ class Kernel:
         self.artifact = artifact
         lib = ctypes.CDLL(str(artifact.library))
         lib.hp_encode.restype = ctypes.c_int64
-        lib.hp_encode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
-                                  ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64]
+        lib.hp_encode.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64,
+                                  ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p,
+                                  ctypes.c_uint64]
         lib.hp_decode.restype = ctypes.c_int
         lib.hp_decode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
-                                  ctypes.c_char_p, ctypes.c_uint64]
+                                  ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
         lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
@@ -84,15 +88,17 @@ class Kernel:
             return self._last[n] + self._last[n] // 4 + 64
         return payload_size_hint(self.program, n, max(1024, n // 64))
 
-    def run_encode(self, x_ptr: int, n: int, seed: int, step: int, alloc: Any) -> Any:
-        """Encode into a buffer from ``alloc(size)``; retry once if the guess was short."""
+    def run_encode(self, x_ptr: int, r_ptr: int | None, n: int, seed: int, step: int,
+                   alloc: Any) -> Any:
+        """Encode (``r + x`` with a residual) into a buffer from ``alloc(size)``; retry once
+        if the guess was short."""
         cap = self.capacity(n)
         out, out_ptr = alloc(cap)
         cap = len(out)  # a reused buffer may be larger than the guess
-        size = self.lib.hp_encode(x_ptr, n, seed, step, out_ptr, cap)
+        size = self.lib.hp_encode(x_ptr, r_ptr, n, seed, step, out_ptr, cap)
         if size > cap:
             out, out_ptr = alloc(size)
-            size = self.lib.hp_encode(x_ptr, n, seed, step, out_ptr, size)
+            size = self.lib.hp_encode(x_ptr, r_ptr, n, seed, step, out_ptr, size)
         if size < 0:
             message = self.lib.hp_last_error().decode(errors="replace")
             raise HiPressError(f"{self.program.name} encode failed on {self.target}: {message}")
@@ -100,10 +106,10 @@ class Kernel:
         return out[:size]
 
     def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool,
-                   scale: float = 1.0) -> None:
+                   scale: float = 1.0, addend_ptr: int | None = None) -> None:
         err = ctypes.create_string_buffer(_ERRCAP)
-        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), scale, err,
-                                _ERRCAP)
+        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), scale, addend_ptr,
+                                err, _ERRCAP)
         if rc == 3:
             raise HiPressError(f"{self.program.name} decode failed on {self.target}: "
                                f"{err.value.decode(errors='replace')}")
@@ -122,8 +128,8 @@ class CpuKernel(Kernel):
         if threads:
             self.lib.hp_set_threads(int(threads))
 
-    def encode(self, x: np.ndarray, seed: int, step: int,
-               into: np.ndarray | None = None) -> np.ndarray:
+    def encode(self, x: np.ndarray, seed: int, step: int, into: np.ndarray | None = None,
+               residual: np.ndarray | None = None) -> np.ndarray:
         def alloc(size: int) -> tuple[np.ndarray, int]:
             nonlocal into
             if into is not None and into.size >= size:
@@ -132,12 +138,13 @@ class CpuKernel(Kernel):
                 buf = np.empty(size, dtype=np.uint8)
             return buf, buf.ctypes.data
 
-        return self.run_encode(x.ctypes.data, x.size, seed, step, alloc)
+        r_ptr = None if residual is None else residual.ctypes.data
+        return self.run_encode(x.ctypes.data, r_ptr, x.size, seed, step, alloc)
 
     def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool,
-               scale: float = 1.0) -> None:
+               scale: float = 1.0, addend: np.ndarray | None = None) -> None:
         self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate,
-                        scale)
+                        scale, None if addend is None else addend.ctypes.data)
 
 
 class CudaKernel(Kernel):
@@ -145,7 +152,8 @@ class CudaKernel(Kernel):
 
     target = "cuda"
 
-    def encode(self, x: Any, seed: int, step: int, into: Any = None) -> Any:
+    def encode(self, x: Any, seed: int, step: int, into: Any = None,
+               residual: Any = None) -> Any:
         import torch
 
         def alloc(size: int) -> tuple[Any, int]:
@@ -156,18 +164,19 @@ class CudaKernel(Kernel):
                 buf = torch.empty(size, dtype=torch.uint8, device=x.device)
             return buf, buf.data_ptr()
 
+        r_ptr = None if residual is None else residual.data_ptr()
         with torch.cuda.device(x.device):
-            return self.run_encode(x.data_ptr(), x.numel(), seed, step, alloc)
+            return self.run_encode(x.data_ptr(), r_ptr, x.numel(), seed, step, alloc)
 
     def decode(self, payload: Any, n: int, out: Any, accumulate: bool,
-               scale: float = 1.0) -> None:
+               scale: float = 1.0, addend: Any = None) -> None:
         import torch
 
         if payload.data_ptr() % 8:
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
         with torch.cuda.device(out.device):
             self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate,
-                            scale)
+                            scale, None if addend is None else addend.data_ptr())
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel:

@@ -353,8 +353,12 @@ class CRenderer(ExprRenderer):
         self.reset(decoding=False)
         fn = self.program.encode
         (gname, _), = fn.args
+        # With a residual the input is r[i] + g[i]; without one, -0 + g[i] == g[i] for
+        # every float (NaN, signed zeros), and r points at g so the load is always valid.
+        self.emit("const bool has_r = r_ptr != nullptr;")
+        self.emit("const float* rr_ptr = has_r ? r_ptr : g_ptr;")
         self.emit(f"auto a_{self.safe(gname)} = {self.lam}(uint64_t i) -> float "
-                  "{ return g_ptr[i]; };")
+                  "{ const float r = rr_ptr[i]; return (has_r ? r : -0.0f) + g_ptr[i]; };")
         self.arrays[gname] = _Array("lazy", "f32", "n")
         for stmt in fn.body:
             if isinstance(stmt, ir.Let):
@@ -444,12 +448,12 @@ class CRenderer(ExprRenderer):
             _, m, count, index_fn, value_fn = self.scatter_parts(value)
             self.emit(f"if (!hp::check_indices({count}, {m}, {index_fn}, err, errcap)) "
                       "return 2;")
-            self.emit(f"hp::scatter_out(out, n, accumulate, scale, {count}, {index_fn}, "
-                      f"{value_fn});")
+            self.emit(f"hp::scatter_out(out, n, accumulate, scale, addend, {count}, "
+                      f"{index_fn}, {value_fn});")
         else:
             self.open_pass("n", deps)
             value_fn = self.element_fn(value, "f32", staged=True)
-            op = f"hp::write_out(out, accumulate, scale, {value_fn})"
+            op = f"hp::write_out(out, accumulate, scale, addend, {value_fn})"
             self.add_op(op, [], deps)
             self.flush()
         self.emit("return 0;")

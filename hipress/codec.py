@@ -118,7 +118,8 @@ class Codec:
 
         return payload_size_hint(self.program, int(n), int(n))
 
-    def encode(self, x: Any, step: int | None = None, out: Any = None) -> Any:
+    def encode(self, x: Any, step: int | None = None, out: Any = None,
+               residual: Any = None) -> Any:
         """Compress a gradient.
 
         Args:
@@ -129,6 +130,9 @@ class Codec:
                 the payload into when it fits, so a caller can reuse one buffer per tensor;
                 the payload returned is then a view of its first bytes. Ignored by
                 target ``"ref"``.
+            residual: error feedback's residual, a contiguous float32 array (CUDA tensor
+                for CUDA input) of x's size: the payload is that of ``residual + x``,
+                computed in the encode's own pass, and ``residual`` is not changed.
 
         Returns:
             The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
@@ -142,10 +146,16 @@ class Codec:
             flat = x.detach().reshape(-1)
             if flat.dtype != _torch().float32:
                 flat = flat.float()
-            return self._kernel("cuda").encode(flat.contiguous(), self.seed, step, out)
+            flat = flat.contiguous()
+            if residual is not None:
+                _check_buffer(residual, flat.numel(), "residual=", cuda=True)
+            return self._kernel("cuda").encode(flat, self.seed, step, out, residual)
         data = _as_float32(x, "the gradient")
         backend = self._backend(on_gpu=False)
+        res = None if residual is None else _check_buffer(residual, data.size, "residual=")
         if backend == "ref":
+            if res is not None:
+                data = res + data
             return interpreter.encode(self.program, data, self.seed, step)
         into = None
         if out is not None:
@@ -154,10 +164,10 @@ class Codec:
                     or not into.flags.c_contiguous:
                 raise ConfigError("out= must be a contiguous uint8 array")
             into = into.reshape(-1)
-        return self._kernel(backend).encode(data, self.seed, step, into)
+        return self._kernel(backend).encode(data, self.seed, step, into, res)
 
     def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
-               scale: float = 1.0) -> Any:
+               scale: float = 1.0, addend: Any = None) -> Any:
         """Decompress a payload of ``n`` elements.
 
         Args:
@@ -168,6 +178,10 @@ class Codec:
             accumulate: add the decoded values to ``out`` instead of overwriting it.
             scale: multiply the decoded values by this float32 first, in the same pass
                 (``1 / world`` averages a sum; ``-1`` with ``accumulate`` subtracts).
+            addend: error feedback's update in one pass, with ``out`` the residual that
+                ``encode(x, residual=out)`` used and ``addend`` that ``x``:
+                ``out = (out + addend) + scale * values``, each non-finite result set
+                to 0 (so a NaN gradient does not poison later steps). Needs ``out``.
 
         Returns:
             ``out`` if given, else a new float32 array (a CUDA tensor for CUDA payloads).
@@ -178,8 +192,8 @@ class Codec:
         """
         n = int(n)
         scale = float(np.float32(scale))
-        if accumulate and out is None:
-            raise ConfigError("accumulate=True needs out= to accumulate into")
+        if (accumulate or addend is not None) and out is None:
+            raise ConfigError("accumulate=True and addend= need out= to add into")
         if _is_cuda(payload):
             self._backend(on_gpu=True)
             torch = _torch()
@@ -189,7 +203,10 @@ class Codec:
                     and target.numel() == n and target.is_contiguous()):
                 raise ConfigError(f"out= must be a contiguous float32 CUDA tensor of {n} "
                                   "elements")
-            self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale)
+            if addend is not None:
+                _check_buffer(addend, n, "addend=", cuda=True)
+            self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale,
+                                        addend)
             return target
         buf = _as_payload(payload)
         backend = self._backend(on_gpu=False)
@@ -199,6 +216,7 @@ class Codec:
             if not isinstance(dest, np.ndarray) or dest.dtype != np.float32 \
                     or dest.size != n or not dest.flags.c_contiguous:
                 raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
+        add = None if addend is None else _check_buffer(addend, n, "addend=")
         if backend == "ref":
             values = interpreter.decode(self.program, buf, n)
             with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
@@ -207,7 +225,11 @@ class Codec:
                 if dest is None:
                     return values
                 flat = dest.reshape(-1)
-                if accumulate:
+                if add is not None:
+                    flat += add
+                    flat += values
+                    flat[~np.isfinite(flat)] = 0.0
+                elif accumulate:
                     flat += values
                 else:
                     flat[...] = values
@@ -216,8 +238,23 @@ class Codec:
             dest = np.empty(n, dtype=np.float32)
             out = dest
         self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest.reshape(-1),
-                                     accumulate, scale)
+                                     accumulate, scale, add)
         return out
+
+
+def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:
+    """``x`` as a flat contiguous float32 array (CUDA tensor) of ``n`` elements, used in
+    place; anything else is a ConfigError."""
+    if cuda:
+        if not (_is_cuda(x) and x.dtype == _torch().float32 and x.numel() == n
+                and x.is_contiguous()):
+            raise ConfigError(f"{what} must be a contiguous float32 CUDA tensor of {n} elements")
+        return x
+    arr = x.numpy() if type(x).__module__.startswith("torch") else x
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.size != n \
+            or not arr.flags.c_contiguous:
+        raise ConfigError(f"{what} must be a contiguous float32 array of {n} elements")
+    return arr.reshape(-1)
 
 
 def _as_payload(payload: Any) -> np.ndarray:

@@ -79,6 +79,32 @@ def test_decode_scales_in_the_same_pass(name):
                                            scale=-1.0), acc - plain)
 
 
+@pytest.mark.parametrize("target", ["cpu", "ref"])
+@pytest.mark.parametrize("name", ["onebit", "terngrad", "dgc", "fp16"])
+def test_error_feedback_passes_match_their_definition(name, target):
+    """encode(x, residual=r) is the payload of r + x; decode(addend=x) into r is
+    (r + x) - decoded with non-finite results zeroed, bit for bit."""
+    n = 5000
+    x, r = gradient(n), gradient(n, seed=7) * np.float32(0.1)
+    x[3], x[5], r[9] = np.nan, np.inf, -np.inf
+    c = hipress.codec(name, target=target, seed=2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = r + x
+    payload = np.asarray(c.encode(x, step=5, residual=r)).copy()
+    np.testing.assert_array_equal(payload, np.asarray(c.encode(total, step=5)))
+    out = r.copy()
+    c.decode(payload, n, out=out, scale=-1.0, addend=x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = total + np.float32(-1.0) * c.decode(payload, n)
+    want[~np.isfinite(want)] = 0.0
+    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
+    assert np.isfinite(out).all() and out[3] == 0.0
+    with pytest.raises(ConfigError, match="residual= must be a contiguous float32 array"):
+        c.encode(x, residual=r[:10])
+    with pytest.raises(ConfigError, match="need out="):
+        c.decode(payload, n, addend=x)
+
+
 def test_params_override_defaults():
     c = hipress.codec("dgc", ratio=0.01)
     assert c.params["ratio"] == pytest.approx(0.01)

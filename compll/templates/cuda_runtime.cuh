@@ -169,13 +169,20 @@ __global__ void k_store(T* out, uint64_t len, F f, Stage st) {
 }
 
 // out[i] = scale * f(i), or out[i] += scale * f(i); a scale of 1 multiplies nothing.
+// With an addend (error feedback): out[i] = (out[i] + addend[i]) + scale * f(i), 0 if
+// not finite.
 template <class F>
-__global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale, F f,
-                            Stage st) {
+__global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale,
+                            const float* addend, F f, Stage st) {
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
        i += (uint64_t)gridDim.x * blockDim.x) {
     const float v = scale == 1.0f ? f(i, st) : __fmul_rn(scale, f(i, st));
-    out[i] = accumulate ? __fadd_rn(out[i], v) : v;
+    if (addend) {
+      const float w = __fadd_rn(__fadd_rn(out[i], addend[i]), v);
+      out[i] = hp_isfinite(w) ? w : 0.0f;
+    } else {
+      out[i] = accumulate ? __fadd_rn(out[i], v) : v;
+    }
   }
 }
 
@@ -412,16 +419,17 @@ struct WriteOut {
   float* out;
   int accumulate;
   float scale;
+  const float* addend;
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, f, st);
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, addend, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, F f) {
-  return {out, accumulate, scale, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, const float* addend, F f) {
+  return {out, accumulate, scale, addend, f};
 }
 
 template <int BITS, class F>
@@ -562,21 +570,23 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 }
 
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, uint64_t len, I index,
-                 V value) {
-  if (!accumulate) {
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, const float* addend,
+                 uint64_t len, I index, V value) {
+  if (!accumulate && !addend) {
     check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
+            write_out(out, 0, scale, nullptr,
+                      [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   buffer<float> tmp(n);
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
+        write_out(out, 1, scale, addend,
+                  [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
 }
 
 // ---- payload bytes: device memory, written and read from the host ------------------------
