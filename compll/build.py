@@ -32,8 +32,10 @@ _TEMPLATES = Path(__file__).parent / "templates"
 #: No -ffast-math and no FMA contraction: kernels must round exactly like the interpreter.
 #: -fno-trapping-math only lets GCC evaluate both sides of a select (no FP traps are ever
 #: enabled), which is what turns selects into vector blends; no result changes.
-CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-shared", "-ffp-contract=off",
+CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-ffp-contract=off",
              "-fno-math-errno", "-fno-trapping-math", "-march=native", "-w")
+#: The CPU source compiles as two objects at once (encoder, decoder), then links.
+CPU_PARTS = ("-DHP_PART=1", "-DHP_PART=2")
 CUDA_ARCHS = ("80", "90")
 CUDA_FLAGS = ("-std=c++17", "-O3", "--extended-lambda", "--fmad=false", "-Xcompiler",
               "-fPIC", "-shared", "-w")
@@ -106,12 +108,32 @@ def _runtime_text(target: str) -> str:
     return "".join((_TEMPLATES / n).read_text() for n in names)
 
 
-def _command(target: str, compiler: str, source: Path, library: Path) -> list[str]:
+def _commands(target: str, compiler: str, source: Path, library: Path) -> list[list[str]]:
+    """The compiler runs for one build: steps run in order, the commands of a step at once."""
     include = f"-I{_TEMPLATES}"
     if target == "cpu":
-        return [compiler, *CPU_FLAGS, include, str(source), "-o", str(library)]
+        objects = [library.with_suffix(f".{k}.o") for k in range(len(CPU_PARTS))]
+        compile_step = [[compiler, *CPU_FLAGS, part, include, "-c", str(source), "-o", str(obj)]
+                        for part, obj in zip(CPU_PARTS, objects, strict=True)]
+        link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
+        return [*compile_step, link]
     arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
-    return [compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]
+    return [[compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]]
+
+
+def _run_all(cmds: list[list[str]]) -> tuple[list[str], str] | None:
+    """Run commands at once; the first failing one and its output, or None."""
+    try:
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for c in cmds]
+    except OSError as exc:
+        raise BuildError(f"cannot run {cmds[0][0]}: {exc}") from None
+    failed = None
+    for cmd, proc in zip(cmds, procs, strict=True):
+        out, err = proc.communicate(timeout=900)
+        if proc.returncode != 0 and failed is None:
+            failed = (cmd, (err or out).strip())
+    return failed
 
 
 def _suffix(target: str) -> str:
@@ -136,7 +158,7 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
         use_cache = os.environ.get("HIPRESS_NO_CACHE", "") in ("", "0")
     source = render(program, target)
     compiler = compiler_for(target)
-    flags = CPU_FLAGS if target == "cpu" else CUDA_FLAGS + CUDA_ARCHS
+    flags = CPU_FLAGS + CPU_PARTS if target == "cpu" else CUDA_FLAGS + CUDA_ARCHS
     key = hashlib.sha256("\0".join([
         source, _runtime_text(target), _compiler_version(compiler), " ".join(flags), target,
         _host_signature() if target == "cpu" else "",
@@ -168,18 +190,21 @@ def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
     tmp_src = folder / f".{name}.{os.getpid()}{_suffix(target)}"
     tmp_lib = folder / f".{name}.{os.getpid()}.so"
     tmp_src.write_text(source)
-    cmd = _command(target, compiler, tmp_src, tmp_lib)
+    cmds = _commands(target, compiler, tmp_src, tmp_lib)
+    steps = [cmds[:-1], cmds[-1:]] if len(cmds) > 1 else [cmds]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    except OSError as exc:
-        raise BuildError(f"cannot run {compiler}: {exc}") from None
-    if proc.returncode != 0:
-        tmp_lib.unlink(missing_ok=True)
-        message = (proc.stderr or proc.stdout).strip()
-        raise BuildError(
-            f"building {name} for {target} failed; the source is {tmp_src}\n"
-            f"$ {' '.join(cmd)}\n{message[-4000:]}"
-        )
+        for step in steps:
+            failed = _run_all(step)
+            if failed is not None:
+                tmp_lib.unlink(missing_ok=True)
+                cmd, message = failed
+                raise BuildError(
+                    f"building {name} for {target} failed; the source is {tmp_src}\n"
+                    f"$ {' '.join(cmd)}\n{message[-4000:]}"
+                )
+    finally:
+        for obj in folder.glob(f".{name}.{os.getpid()}.*.o"):
+            obj.unlink(missing_ok=True)
     os.replace(tmp_src, src_path)
     os.replace(tmp_lib, lib_path)
     return Artifact(lib_path, src_path, key, False, time.perf_counter() - started)
