@@ -41,13 +41,13 @@ class ErrorFeedback:
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:
         """Encode ``x`` plus the site's residual (into ``out`` if given); update the residual."""
-        # Two passes over the residual, both inside the kernels: the encode reads
-        # residual + x, and the decode writes residual = (residual + x) - decoded, zeroing
-        # what is not finite (a NaN or Inf gradient would poison every later step).
+        # Inside the kernels: the encode adds x into the residual and encodes it, and the
+        # decode subtracts what the payload decodes to, zeroing what is not finite (a NaN
+        # or Inf gradient would poison every later step).
         residual = self._residuals.get(key)
         if residual is None or residual.size != x.size:
             # The buffer lives as long as the site: no page faults on later steps.
             residual = self._residuals[key] = np.zeros(x.size, np.float32)
         payload = codec.encode(x, step=step, out=out, residual=residual)
-        codec.decode(payload, residual.size, out=residual, scale=-1.0, addend=x)
+        codec.decode(payload, residual.size, out=residual, scale=-1.0, feedback=True)
         return payload

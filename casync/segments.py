@@ -59,7 +59,7 @@ class Segmented:
         return out[:pos]
 
     def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
-               scale: float = 1.0, addend: np.ndarray | None = None) -> Any:
+               scale: float = 1.0, feedback: bool = False) -> Any:
         if out is None:
             out = np.empty(n, np.float32)
         buf = np.asarray(payload).reshape(-1)
@@ -67,7 +67,7 @@ class Segmented:
         for a, b in self._segments(n):
             size = framed_size(buf[pos:])
             self.codec.decode(buf[pos:pos + size], b - a, out=out[a:b], accumulate=accumulate,
-                              scale=scale, addend=None if addend is None else addend[a:b])
+                              scale=scale, feedback=feedback)
             pos += size
         if pos != buf.size:
             raise PayloadError(f"{buf.size - pos} bytes follow the last segment's payload")

@@ -2,13 +2,13 @@
 
 Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
 
-    int64_t hp_encode(const float* g, const float* r,   // encodes r + g if r
+    int64_t hp_encode(const float* g, float* r,         // if r: r += g, encode r
                       uint64_t n, uint32_t seed, uint32_t step,
                       uint8_t* out, uint64_t cap);      // payload size; writes if it fits
     int     hp_decode(const uint8_t* p, uint64_t size, uint64_t n, float* out,
                       int accumulate, float scale,           // out (+)= scale * v
-                      const float* addend,                   // or out = finite or 0 of
-                                                             //   (out + addend) + scale * v
+                      int feedback,                          // out += scale * v, non-finite
+                                                             //   results set to 0
                       char* err, uint64_t errcap);           // 0 or an error
 
 On the CPU the pointers are host memory (zero-copy views of NumPy arrays or CPU
@@ -71,7 +71,7 @@ class Kernel:
         lib.hp_decode.restype = ctypes.c_int
         lib.hp_decode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
-                                  ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64]
+                                  ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
         lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
@@ -90,15 +90,17 @@ class Kernel:
 
     def run_encode(self, x_ptr: int, r_ptr: int | None, n: int, seed: int, step: int,
                    alloc: Any) -> Any:
-        """Encode (``r + x`` with a residual) into a buffer from ``alloc(size)``; retry once
-        if the guess was short."""
+        """Encode into a buffer from ``alloc(size)``; retry once if the guess was short.
+        With a residual the kernel adds ``x`` into it and encodes it, so a retry encodes
+        the residual alone."""
         cap = self.capacity(n)
         out, out_ptr = alloc(cap)
         cap = len(out)  # a reused buffer may be larger than the guess
         size = self.lib.hp_encode(x_ptr, r_ptr, n, seed, step, out_ptr, cap)
         if size > cap:
             out, out_ptr = alloc(size)
-            size = self.lib.hp_encode(x_ptr, r_ptr, n, seed, step, out_ptr, size)
+            src = x_ptr if r_ptr is None else r_ptr
+            size = self.lib.hp_encode(src, None, n, seed, step, out_ptr, size)
         if size < 0:
             message = self.lib.hp_last_error().decode(errors="replace")
             raise HiPressError(f"{self.program.name} encode failed on {self.target}: {message}")
@@ -106,10 +108,10 @@ class Kernel:
         return out[:size]
 
     def run_decode(self, p_ptr: int, size: int, n: int, out_ptr: int, accumulate: bool,
-                   scale: float = 1.0, addend_ptr: int | None = None) -> None:
+                   scale: float = 1.0, feedback: bool = False) -> None:
         err = ctypes.create_string_buffer(_ERRCAP)
-        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), scale, addend_ptr,
-                                err, _ERRCAP)
+        rc = self.lib.hp_decode(p_ptr, size, n, out_ptr, int(accumulate), scale,
+                                int(feedback), err, _ERRCAP)
         if rc == 3:
             raise HiPressError(f"{self.program.name} decode failed on {self.target}: "
                                f"{err.value.decode(errors='replace')}")
@@ -142,9 +144,9 @@ class CpuKernel(Kernel):
         return self.run_encode(x.ctypes.data, r_ptr, x.size, seed, step, alloc)
 
     def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool,
-               scale: float = 1.0, addend: np.ndarray | None = None) -> None:
+               scale: float = 1.0, feedback: bool = False) -> None:
         self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate,
-                        scale, None if addend is None else addend.ctypes.data)
+                        scale, feedback)
 
 
 class CudaKernel(Kernel):
@@ -169,14 +171,14 @@ class CudaKernel(Kernel):
             return self.run_encode(x.data_ptr(), r_ptr, x.numel(), seed, step, alloc)
 
     def decode(self, payload: Any, n: int, out: Any, accumulate: bool,
-               scale: float = 1.0, addend: Any = None) -> None:
+               scale: float = 1.0, feedback: bool = False) -> None:
         import torch
 
         if payload.data_ptr() % 8:
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
         with torch.cuda.device(out.device):
             self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate,
-                            scale, None if addend is None else addend.data_ptr())
+                            scale, feedback)
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel:

@@ -131,8 +131,8 @@ class Codec:
                 the payload returned is then a view of its first bytes. Ignored by
                 target ``"ref"``.
             residual: error feedback's residual, a contiguous float32 array (CUDA tensor
-                for CUDA input) of x's size: the payload is that of ``residual + x``,
-                computed in the encode's own pass, and ``residual`` is not changed.
+                for CUDA input) of x's size: ``x`` is added into it in place
+                (``residual += x``, in the kernel) and the payload is that of the sum.
 
         Returns:
             The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
@@ -155,7 +155,9 @@ class Codec:
         res = None if residual is None else _check_buffer(residual, data.size, "residual=")
         if backend == "ref":
             if res is not None:
-                data = res + data
+                with np.errstate(invalid="ignore", over="ignore"):
+                    np.add(res, data, out=res)
+                data = res
             return interpreter.encode(self.program, data, self.seed, step)
         into = None
         if out is not None:
@@ -167,7 +169,7 @@ class Codec:
         return self._kernel(backend).encode(data, self.seed, step, into, res)
 
     def decode(self, payload: Any, n: int, out: Any = None, accumulate: bool = False,
-               scale: float = 1.0, addend: Any = None) -> Any:
+               scale: float = 1.0, feedback: bool = False) -> Any:
         """Decompress a payload of ``n`` elements.
 
         Args:
@@ -178,10 +180,9 @@ class Codec:
             accumulate: add the decoded values to ``out`` instead of overwriting it.
             scale: multiply the decoded values by this float32 first, in the same pass
                 (``1 / world`` averages a sum; ``-1`` with ``accumulate`` subtracts).
-            addend: error feedback's update in one pass, with ``out`` the residual that
-                ``encode(x, residual=out)`` used and ``addend`` that ``x``:
-                ``out = (out + addend) + scale * values``, each non-finite result set
-                to 0 (so a NaN gradient does not poison later steps). Needs ``out``.
+            feedback: error feedback's update of its residual ``out``: accumulate, and set
+                each non-finite result to 0 (so a NaN gradient does not poison later
+                steps). Needs ``out``.
 
         Returns:
             ``out`` if given, else a new float32 array (a CUDA tensor for CUDA payloads).
@@ -192,8 +193,8 @@ class Codec:
         """
         n = int(n)
         scale = float(np.float32(scale))
-        if (accumulate or addend is not None) and out is None:
-            raise ConfigError("accumulate=True and addend= need out= to add into")
+        if (accumulate or feedback) and out is None:
+            raise ConfigError("accumulate=True and feedback=True need out= to add into")
         if _is_cuda(payload):
             self._backend(on_gpu=True)
             torch = _torch()
@@ -203,10 +204,8 @@ class Codec:
                     and target.numel() == n and target.is_contiguous()):
                 raise ConfigError(f"out= must be a contiguous float32 CUDA tensor of {n} "
                                   "elements")
-            if addend is not None:
-                _check_buffer(addend, n, "addend=", cuda=True)
             self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale,
-                                        addend)
+                                        feedback)
             return target
         buf = _as_payload(payload)
         backend = self._backend(on_gpu=False)
@@ -216,7 +215,6 @@ class Codec:
             if not isinstance(dest, np.ndarray) or dest.dtype != np.float32 \
                     or dest.size != n or not dest.flags.c_contiguous:
                 raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
-        add = None if addend is None else _check_buffer(addend, n, "addend=")
         if backend == "ref":
             values = interpreter.decode(self.program, buf, n)
             with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
@@ -225,8 +223,7 @@ class Codec:
                 if dest is None:
                     return values
                 flat = dest.reshape(-1)
-                if add is not None:
-                    flat += add
+                if feedback:
                     flat += values
                     flat[~np.isfinite(flat)] = 0.0
                 elif accumulate:
@@ -238,7 +235,7 @@ class Codec:
             dest = np.empty(n, dtype=np.float32)
             out = dest
         self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest.reshape(-1),
-                                     accumulate, scale, add)
+                                     accumulate, scale, feedback)
         return out
 
 

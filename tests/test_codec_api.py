@@ -82,8 +82,8 @@ def test_decode_scales_in_the_same_pass(name):
 @pytest.mark.parametrize("target", ["cpu", "ref"])
 @pytest.mark.parametrize("name", ["onebit", "terngrad", "dgc", "fp16"])
 def test_error_feedback_passes_match_their_definition(name, target):
-    """encode(x, residual=r) is the payload of r + x; decode(addend=x) into r is
-    (r + x) - decoded with non-finite results zeroed, bit for bit."""
+    """encode(x, residual=r) adds x into r and gives the payload of the sum; decode with
+    feedback=True subtracts what it decodes to and zeroes non-finite results, bit for bit."""
     n = 5000
     x, r = gradient(n), gradient(n, seed=7) * np.float32(0.1)
     x[3], x[5], r[9] = np.nan, np.inf, -np.inf
@@ -91,18 +91,30 @@ def test_error_feedback_passes_match_their_definition(name, target):
     with np.errstate(invalid="ignore", over="ignore"):
         total = r + x
     payload = np.asarray(c.encode(x, step=5, residual=r)).copy()
+    np.testing.assert_array_equal(r.view(np.uint32), total.view(np.uint32))  # r += x
     np.testing.assert_array_equal(payload, np.asarray(c.encode(total, step=5)))
-    out = r.copy()
-    c.decode(payload, n, out=out, scale=-1.0, addend=x)
+    c.decode(payload, n, out=r, scale=-1.0, feedback=True)
     with np.errstate(invalid="ignore", over="ignore"):
         want = total + np.float32(-1.0) * c.decode(payload, n)
     want[~np.isfinite(want)] = 0.0
-    np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
-    assert np.isfinite(out).all() and out[3] == 0.0
+    np.testing.assert_array_equal(r.view(np.uint32), want.view(np.uint32))
+    assert np.isfinite(r).all() and r[3] == 0.0
     with pytest.raises(ConfigError, match="residual= must be a contiguous float32 array"):
         c.encode(x, residual=r[:10])
     with pytest.raises(ConfigError, match="need out="):
-        c.decode(payload, n, addend=x)
+        c.decode(payload, n, feedback=True)
+
+
+def test_a_retried_encode_with_a_residual_adds_once():
+    """A payload larger than the loader's first guess makes it encode again; the residual
+    must hold r + x, not r + 2x, and the payload be that of r + x."""
+    n = 20000
+    x, r = gradient(n), gradient(n, seed=8)
+    total = r + x
+    c = hipress.codec("dgc", target="cpu", ratio=0.5)  # k = n / 2: past the first guess
+    payload = np.asarray(c.encode(x, step=1, residual=r)).copy()
+    np.testing.assert_array_equal(r, total)
+    np.testing.assert_array_equal(payload, np.asarray(c.encode(total, step=1)))
 
 
 def test_params_override_defaults():

@@ -339,24 +339,23 @@ template <class T, class F>
 Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
 
 // The decoded tensor: out[i] = scale * f(i), or out[i] += scale * f(i) when
-// accumulating (a scale of 1 multiplies nothing, so values stay bit-exact), or, with an
-// addend (error feedback), out[i] = (out[i] + addend[i]) + scale * f(i), 0 if not finite.
+// accumulating (a scale of 1 multiplies nothing, so values stay bit-exact), or, with
+// feedback (error feedback's residual), out[i] += scale * f(i), set to 0 if not finite.
 template <class F>
 struct WriteOut {
   float* out;
   int accumulate;
   float scale;
-  const float* addend;
+  int feedback;
   F f;
   void start(uint64_t, int64_t) {}
   void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
     const F f = this->f;  // a local copy: stores to out cannot alias its captures
     float* const o = this->out;
     const float s = scale;
-    if (addend) {
-      const float* const a = addend;
+    if (feedback) {
       for (uint64_t i = lo; i < hi; ++i) {
-        const float v = (o[i] + a[i]) + s * f(i, st);
+        const float v = o[i] + s * f(i, st);
         o[i] = hp_isfinite(v) ? v : 0.0f;
       }
     } else if (s == 1.0f) {
@@ -374,8 +373,14 @@ struct WriteOut {
   void finish() {}
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, const float* addend, F f) {
-  return {out, accumulate, scale, addend, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
+  return {out, accumulate, scale, feedback, f};
+}
+
+// r[i] += g[i], in parallel (error feedback adds the gradient into its residual).
+inline void add_into(float* r, const float* g, uint64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < (int64_t)n; ++i) r[i] = r[i] + g[i];
 }
 
 // Materialise a lazy array (used when a packed array is bound to a name).
@@ -503,23 +508,23 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 
 // A decoded scatter: zeros plus values in index order, scaled, added to out when
 // accumulating (through a zeroed scratch so the sum is the interpreter's
-// out + scale * (0 + v1 + v2 ...)), with the addend as in WriteOut.
+// out + scale * (0 + v1 + v2 ...)), with feedback as in WriteOut.
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, const float* addend,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
-  if (!accumulate && !addend) {
+  if (!accumulate && !feedback) {
     std::memset(out, 0, n * sizeof(float));
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, nullptr, [=](uint64_t i, const Stage&) { return out[i]; }));
+            write_out(out, 0, scale, 0, [=](uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   std::vector<float> tmp((size_t)n, 0.0f);
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, addend, [=](uint64_t i, const Stage&) { return t[i]; }));
+        write_out(out, 1, scale, feedback, [=](uint64_t i, const Stage&) { return t[i]; }));
 }
 
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }

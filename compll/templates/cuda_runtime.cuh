@@ -169,16 +169,15 @@ __global__ void k_store(T* out, uint64_t len, F f, Stage st) {
 }
 
 // out[i] = scale * f(i), or out[i] += scale * f(i); a scale of 1 multiplies nothing.
-// With an addend (error feedback): out[i] = (out[i] + addend[i]) + scale * f(i), 0 if
-// not finite.
+// With feedback (error feedback's residual): out[i] += scale * f(i), 0 if not finite.
 template <class F>
 __global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale,
-                            const float* addend, F f, Stage st) {
+                            int feedback, F f, Stage st) {
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
        i += (uint64_t)gridDim.x * blockDim.x) {
     const float v = scale == 1.0f ? f(i, st) : __fmul_rn(scale, f(i, st));
-    if (addend) {
-      const float w = __fadd_rn(__fadd_rn(out[i], addend[i]), v);
+    if (feedback) {
+      const float w = __fadd_rn(out[i], v);
       out[i] = hp_isfinite(w) ? w : 0.0f;
     } else {
       out[i] = accumulate ? __fadd_rn(out[i], v) : v;
@@ -419,17 +418,29 @@ struct WriteOut {
   float* out;
   int accumulate;
   float scale;
-  const float* addend;
+  int feedback;
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, addend, f, st);
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, const float* addend, F f) {
-  return {out, accumulate, scale, addend, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
+  return {out, accumulate, scale, feedback, f};
+}
+
+// r[i] += g[i] (error feedback adds the gradient into its residual).
+__global__ void k_add_into(float* r, const float* g, uint64_t n) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    r[i] = __fadd_rn(r[i], g[i]);
+}
+inline void add_into(float* r, const float* g, uint64_t n) {
+  if (!n) return;
+  k_add_into<<<blocks_for(n), THREADS>>>(r, g, n);
+  check(cudaGetLastError(), "add kernel");
 }
 
 template <int BITS, class F>
@@ -570,14 +581,14 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 }
 
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, const float* addend,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
-  if (!accumulate && !addend) {
+  if (!accumulate && !feedback) {
     check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, nullptr,
+            write_out(out, 0, scale, 0,
                       [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
@@ -585,7 +596,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, const floa
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, addend,
+        write_out(out, 1, scale, feedback,
                   [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
 }
 
