@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hipress.codec import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
 __all__ = ["TOPOLOGIES", "MIN_COMPRESS", "Plan", "Planner", "StaticPlanner"]
@@ -49,6 +50,12 @@ class Plan:
     @property
     def compress(self) -> bool:
         return self.algorithm is not None
+
+    def partitions_for(self, numel: int) -> int:
+        """K for a tensor of ``numel`` elements: the plan's, at most one per element, and
+        enough that each compressed partition fits one codec call (``MAX_ELEMENTS``)."""
+        k = max(1, min(self.partitions, numel))
+        return max(k, -(-numel // MAX_ELEMENTS)) if self.compress else k
 
 
 class Planner(Protocol):

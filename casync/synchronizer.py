@@ -377,7 +377,7 @@ class Synchronizer:
                 plan: Plan | None = None) -> None:
         if plan is None:
             plan = self.planner.plan(label, buf.size, self.size)
-        k = max(1, min(plan.partitions, buf.size))
+        k = plan.partitions_for(buf.size)
         parts = P.partition(buf.size, k)
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,

@@ -14,11 +14,21 @@ from compll.ir import Program
 
 from .errors import ConfigError, PayloadError
 
-__all__ = ["Codec", "codec", "algorithms", "TARGETS"]
+__all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
 #: Backends a codec can run on. ``auto`` runs CUDA tensors on the GPU and everything
 #: else on the CPU; ``ref`` is the NumPy reference interpreter, the oracle of the others.
 TARGETS = ("auto", "cpu", "cuda", "ref")
+#: CompLL counts and indexes elements in u32 (``size(g)``, ``n``, filter indices), so one
+#: encode or decode takes at most this many; CaSync partitions larger tensors.
+MAX_ELEMENTS = 2**32 - 1
+
+
+def _check_count(n: int) -> None:
+    if n > MAX_ELEMENTS:
+        raise ConfigError(f"{n:,} elements is more than one encode or decode takes "
+                          f"({MAX_ELEMENTS:,}, CompLL's u32 element count); split the tensor "
+                          "and encode the pieces")
 
 
 def algorithms() -> list[str]:
@@ -137,6 +147,7 @@ class Codec:
         Returns:
             The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
         """
+        _check_count(int(x.numel()) if type(x).__module__.startswith("torch") else np.size(x))
         if step is None:
             step = self.step
             self.step = (self.step + 1) & 0xFFFFFFFF
@@ -192,6 +203,7 @@ class Codec:
                 ``out`` is left as it was.
         """
         n = int(n)
+        _check_count(n)
         scale = float(np.float32(scale))
         if (accumulate or feedback) and out is None:
             raise ConfigError("accumulate=True and feedback=True need out= to add into")

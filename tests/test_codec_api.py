@@ -7,6 +7,7 @@ from conftest import gradient
 
 import hipress
 from hipress import CompileError, ConfigError
+from hipress.codec import MAX_ELEMENTS
 
 pytestmark = pytest.mark.pure
 
@@ -115,6 +116,15 @@ def test_a_retried_encode_with_a_residual_adds_once():
     payload = np.asarray(c.encode(x, step=1, residual=r)).copy()
     np.testing.assert_array_equal(r, total)
     np.testing.assert_array_equal(payload, np.asarray(c.encode(total, step=1)))
+
+
+def test_more_elements_than_a_u32_counts_is_a_clear_error():
+    c = hipress.codec("onebit", target="cpu")
+    huge = np.broadcast_to(np.float32(1.0), (MAX_ELEMENTS + 1,))  # no memory behind it
+    with pytest.raises(ConfigError, match="4,294,967,296 elements is more than one encode"):
+        c.encode(huge)
+    with pytest.raises(ConfigError, match="split the tensor"):
+        c.decode(np.zeros(64, np.uint8), MAX_ELEMENTS + 1)
 
 
 def test_params_override_defaults():

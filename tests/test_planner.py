@@ -15,7 +15,16 @@ from casync.plan import Plan, StaticPlanner
 from casync.planner import CostPlanner
 from casync.simulate import Gradient, ready_times, simulate
 from casync.timeline import Lanes, Stage, chains, predict
+from hipress.codec import MAX_ELEMENTS
 from hipress.errors import ConfigError
+
+
+def test_partitions_keep_every_codec_call_within_a_u32_count():
+    big = 3 * MAX_ELEMENTS + 5
+    assert Plan("ps", "onebit", 2).partitions_for(big) == 4  # 4 pieces of < 2**32
+    assert Plan("ps", "onebit", 8).partitions_for(big) == 8
+    assert Plan("none").partitions_for(big) == 1  # an allreduce has no such limit
+    assert Plan("ring", "onebit", 4).partitions_for(3) == 3  # never empty pieces
 
 
 def test_fit_recovers_a_and_b_from_noisy_timings():
