@@ -123,10 +123,15 @@ def _commands(target: str, compiler: str, source: Path, library: Path) -> list[l
 
 def _run_all(cmds: list[list[str]]) -> tuple[list[str], str] | None:
     """Run commands at once; the first failing one and its output, or None."""
+    procs: list[subprocess.Popen[str]] = []
     try:
-        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for c in cmds]
+        for c in cmds:
+            procs.append(subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
     except OSError as exc:
+        for proc in procs:  # do not leave the ones already started running
+            proc.kill()
+            proc.wait()
         raise BuildError(f"cannot run {cmds[0][0]}: {exc}") from None
     failed = None
     for cmd, proc in zip(cmds, procs, strict=True):
