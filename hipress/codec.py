@@ -211,22 +211,13 @@ class Codec:
             self._backend(on_gpu=True)
             torch = _torch()
             target = torch.empty(n, dtype=torch.float32, device=payload.device) \
-                if out is None else out
-            if not (_is_cuda(target) and target.dtype == torch.float32
-                    and target.numel() == n and target.is_contiguous()):
-                raise ConfigError(f"out= must be a contiguous float32 CUDA tensor of {n} "
-                                  "elements")
+                if out is None else _check_buffer(out, n, "out=", cuda=True)
             self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale,
                                         feedback)
             return target
         buf = _as_payload(payload)
         backend = self._backend(on_gpu=False)
-        dest = None
-        if out is not None:
-            dest = out.numpy() if type(out).__module__.startswith("torch") else out
-            if not isinstance(dest, np.ndarray) or dest.dtype != np.float32 \
-                    or dest.size != n or not dest.flags.c_contiguous:
-                raise ConfigError(f"out= must be a contiguous float32 array of {n} elements")
+        dest = None if out is None else _check_buffer(out, n, "out=")
         if backend == "ref":
             values = interpreter.decode(self.program, buf, n)
             with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
@@ -234,26 +225,24 @@ class Codec:
                     values = values * np.float32(scale)
                 if dest is None:
                     return values
-                flat = dest.reshape(-1)
-                if feedback:
-                    flat += values
-                    flat[~np.isfinite(flat)] = 0.0
-                elif accumulate:
-                    flat += values
+                if accumulate or feedback:
+                    dest += values
                 else:
-                    flat[...] = values
+                    dest[...] = values
+                if feedback:
+                    dest[~np.isfinite(dest)] = 0.0
             return out
         if dest is None:
             dest = np.empty(n, dtype=np.float32)
             out = dest
-        self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest.reshape(-1),
-                                     accumulate, scale, feedback)
+        self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest, accumulate, scale,
+                                     feedback)
         return out
 
 
 def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:
-    """``x`` as a flat contiguous float32 array (CUDA tensor) of ``n`` elements, used in
-    place; anything else is a ConfigError."""
+    """``x`` (``out=``, ``residual=``) as a flat contiguous float32 array, or CUDA tensor,
+    of ``n`` elements, used in place; anything else is a ConfigError."""
     if cuda:
         if not (_is_cuda(x) and x.dtype == _torch().float32 and x.numel() == n
                 and x.is_contiguous()):
