@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,7 +41,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from hipress.hosts import free_port, loopback, parse_rate, shaped, thread_share  # noqa: E402
+from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
+from hipress.launcher import run_on_hosts  # noqa: E402
 
 RESULTS = HERE / "results"
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
@@ -353,20 +353,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
-    share = str(thread_share(args.ranks))
     hosts_cm = shaped(args.ranks, args.bandwidth) if args.network == "shaped" \
         else loopback(args.ranks)
-    port = free_port()
     with hosts_cm as hosts:
-        procs = []
-        for rank, host in enumerate(hosts):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.ranks),
-                       LOCAL_RANK=str(rank), MASTER_ADDR=hosts[0].addr, MASTER_PORT=str(port),
-                       GLOO_SOCKET_IFNAME=host.ifname, PYTHONPATH=str(HERE.parent),
-                       HIPRESS_THREADS=share, OMP_NUM_THREADS=share)
-            procs.append(subprocess.Popen([*host.prefix, sys.executable, __file__, *argv],
-                                          env=env))
-        codes = [p.wait() for p in procs]
+        codes = run_on_hosts(hosts, [sys.executable, __file__, *argv],
+                             dict(os.environ, PYTHONPATH=str(HERE.parent)))
     if any(codes):
         print(f"ranks exited with {codes}", file=sys.stderr)
         return 1

@@ -51,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     args = parser.parse_args(argv)
-    methods = [m for m in args.methods
-               if args.network == "shaped" or not m.startswith("torch")]
+    methods = select_methods(args.methods, args.network)
     rows = []
     for method in methods:
         metrics = args.out.parent / f"train-{method.replace(' ', '_')}.json"
@@ -71,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(result)
     report(rows, args)
     return 0
+
+
+def select_methods(requested: list[str], network: str) -> list[str]:
+    """The methods to run, in order: plain DDP first, since every ratio is to it."""
+    methods = [m for m in dict.fromkeys(requested)
+               if network == "shaped" or not m.startswith("torch")]
+    if "DDP" not in methods:
+        print("DDP is the reference of every ratio: running it as well", flush=True)
+    return ["DDP", *(m for m in methods if m != "DDP")]
 
 
 def report(rows: list[dict], args: argparse.Namespace) -> None:

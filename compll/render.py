@@ -15,6 +15,7 @@ no prefixed name is a keyword or a runtime symbol), and literals are rendered ty
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jinja2
@@ -33,6 +34,9 @@ _TEMPLATES = Path(__file__).parent / "templates"
 
 class CRenderer(ExprRenderer):
     """The shared C-style renderer: statements and fused passes on top of expressions."""
+
+    #: an encoder's error-feedback add (r += g) is not emitted yet
+    residual_pending: bool = False
 
     # -- dependencies and fused passes ---------------------------------------------------------
     def deps_of(self, e: ir.Expr | None) -> set[str]:
@@ -84,6 +88,10 @@ class CRenderer(ExprRenderer):
     def flush(self) -> None:
         """Close the open pass: one ``hp::fused`` loop, then what waited for it."""
         if self.pass_ops:
+            if self.residual_pending and self.pass_len == "n":
+                self.pass_ops.insert(0, "hp::add_residual(r_ptr, g_in)")
+                self.residual_pending = False
+            self.settle_residual()
             srcs = ", ".join(s for s, _ in self.pass_stage)
             bits = ", ".join(f"{b}u" for _, b in self.pass_stage)
             stage = f"hp::Unpacks{{{{{srcs}}}, {{{bits}}}, {len(self.pass_stage)}}}"
@@ -94,6 +102,13 @@ class CRenderer(ExprRenderer):
         self.pass_len, self.pass_ops, self.deferred = None, [], []
         self.pass_stage = []
         self.pending, self.deferred_names = set(), set()
+
+    def settle_residual(self) -> None:
+        """Error feedback's ``r += g`` as a pass of its own, before anything else reads g
+        (``flush`` fuses it into the first pass over g where it can)."""
+        if self.residual_pending:
+            self.residual_pending = False
+            self.emit("if (r_ptr) hp::add_into(r_ptr, g_in, n);")
 
     def emit(self, line: str) -> None:
         for pending in self.take_hoisted():
@@ -199,6 +214,7 @@ class CRenderer(ExprRenderer):
         deps = self.deps_of(e)
         if self.blocked(deps):
             self.flush()
+        self.settle_residual()
         vals, idx = self.fresh("vals"), self.fresh("idx")
         self.emit(f"hp::buffer<{self.ctype(elem)}> {vals};")
         self.emit(f"hp::buffer<uint32_t> {idx};")
@@ -261,6 +277,7 @@ class CRenderer(ExprRenderer):
         deps = self.deps_of(e)
         if self.blocked(deps):
             self.flush()
+        self.settle_residual()
         elem, m, count, index_fn, value_fn = self.scatter_parts(e)
         buf = self.fresh("scat")
         self.emit(f"hp::buffer<{self.ctype(elem)}> {buf}({m});")
@@ -276,6 +293,7 @@ class CRenderer(ExprRenderer):
         deps = self.deps_of(e)
         if self.blocked(deps):
             self.flush()
+        self.settle_residual()
         n = self.safe(name)
         self.emit(f"const uint64_t pk_{n}_len = {self.length(a)};")
         self.emit(f"hp::buffer<uint8_t> pkb_{n}((pk_{n}_len * {e.ty.bits} + 7) / 8);")
@@ -320,7 +338,13 @@ class CRenderer(ExprRenderer):
             self.emit(f"sz[{k}] = {size};")
         self.emit(f"uint64_t total = hp::HEADER + 8 * {count};")
         self.emit(f"for (int k = 0; k < {count}; ++k) total += hp_pad8(sz[k]);")
-        self.emit("if (total > cap) return (int64_t)total;")
+        if self.residual_pending:  # the caller retries on r alone: it must hold r + g
+            self.emit("if (total > cap) {")
+            self.emit("  if (r_ptr) hp::add_into(r_ptr, g_in, n);")
+            self.emit("  return (int64_t)total;")
+            self.emit("}")
+        else:
+            self.emit("if (total > cap) return (int64_t)total;")
         self.emit(f"hp::write_header(out, {count}, ALGO_ID, n, seed, step, sz);")
         self.emit(f"uint8_t* sec[{count}];")
         self.emit(f"sec[0] = out + hp::HEADER + 8 * {count};")
@@ -347,19 +371,24 @@ class CRenderer(ExprRenderer):
             else:
                 assert isinstance(x, ir.Var)
                 self.emit(f"hp::copy_bytes(sec[{k}], pk_{self.safe(x.name)}, sz[{k}]);")
+        self.settle_residual()  # an encoder that never read g still updates r
         self.emit("return (int64_t)total;")
 
     def encode_body(self) -> list[str]:
         self.reset(decoding=False)
         fn = self.program.encode
         (gname, _), = fn.args
-        # With a residual, add g into it first and encode the sum: one more pass, but the
-        # element reads stay plain loads (a lazy r[i] + g[i] stopped GCC vectorising some
-        # encoders and slowed topk's scalar compaction 3x).
-        self.emit("if (r_ptr) {")
-        self.emit("  hp::add_into(r_ptr, g_ptr, n);")
-        self.emit("  g_ptr = r_ptr;")
-        self.emit("}")
+        # With a residual, g is added into it and the sum r is encoded. Element reads stay
+        # plain loads of r (a lazy r[i] + g[i] stopped GCC vectorising some encoders and
+        # slowed topk's scalar compaction 3x); the add itself is the first op of the first
+        # pass over g where there is one (``flush``), else a pass of its own before
+        # anything reads g (``settle_residual``). A gather may read any index, so an
+        # encoder with one adds first.
+        self.emit("const float* g_in = g_ptr;")
+        self.emit("if (r_ptr) g_ptr = r_ptr;")
+        self.residual_pending = True
+        if _calls(fn.body, "gather"):
+            self.settle_residual()
         self.emit(f"auto a_{self.safe(gname)} = {self.lam}(uint64_t i) -> float "
                   "{ return g_ptr[i]; };")
         self.arrays[gname] = _Array("lazy", "f32", "n")
@@ -484,6 +513,7 @@ class CRenderer(ExprRenderer):
         self.pass_len, self.pass_ops, self.deferred = None, [], []
         self.pending, self.deferred_names = set(), set()
         self.pass_stage, self.stage_index = [], None
+        self.residual_pending = False
 
     def with_keys(self, lines: list[str]) -> list[str]:
         keys = [f"  const uint32_t key_{s} = hp_stream_key(seed, step, {s}u);"
@@ -531,6 +561,17 @@ class CudaRenderer(CRenderer):
     template = "cuda_kernel.cu.j2"
     lam = "[=] __device__"
     rint = "rintf"
+
+
+def _calls(node: object, fn: str) -> bool:
+    """Whether any call of ``fn`` appears in an IR node (or a list of nodes)."""
+    if isinstance(node, ir.Call) and node.fn == fn:
+        return True
+    if isinstance(node, (list, tuple)):
+        return any(_calls(x, fn) for x in node)
+    if dataclasses.is_dataclass(node):
+        return any(_calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
+    return False
 
 
 def render(program: ir.Program, target: str) -> str:

@@ -1,16 +1,17 @@
-"""``hipress run``: start a job with torchrun's elastic agent plus HiPress defaults."""
+"""Starting jobs: ``hipress run`` (torchrun's elastic agent plus HiPress defaults), and
+the ranks of a benchmark or the demo on local test hosts (``run_shaped``)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError
-from .hosts import thread_share
+from .hosts import Host, free_port, thread_share
 
-__all__ = ["torchrun_command", "run", "run_shaped"]
+__all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts"]
 
 
 def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
@@ -78,22 +79,66 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
 
 
 def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
-    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only):
-    one torchrun agent per network namespace, as on ``ranks`` one-GPU nodes."""
-    import subprocess
+    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only),
+    one rank per network namespace, as on ``ranks`` one-GPU nodes."""
+    from .hosts import shaped
 
-    from .hosts import shaped, thread_share
-
+    command = list(args)
+    if command[0].endswith(".py"):
+        command.insert(0, sys.executable)
+    elif command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    env = {k: v for k, v in os.environ.items() if k != "HIPRESS_BANDWIDTH"}  # real links
     with shaped(ranks, bandwidth) as hosts:
-        procs = []
-        for node, host in enumerate(hosts):
-            cmd = torchrun_command(1, args, nnodes=ranks, node_rank=node,
-                                   master_addr=hosts[0].addr, master_port=29531)
-            # The namespaces share this host's cores: split them, or torch's and the
-            # kernels' thread pools oversubscribe the CPU.
-            share = str(thread_share(ranks))
-            env = dict(os.environ, GLOO_SOCKET_IFNAME=host.ifname, HIPRESS_THREADS=share,
-                       OMP_NUM_THREADS=share)
-            env.pop("HIPRESS_BANDWIDTH", None)
-            procs.append(subprocess.Popen([*host.prefix, *cmd], env=env))
-        return max(abs(p.wait()) for p in procs)
+        return max(abs(code) for code in run_on_hosts(hosts, command, env))
+
+
+def run_on_hosts(hosts: Sequence[Host], command: Sequence[str],
+                 env: Mapping[str, str] | None = None, grace: float = 10.0) -> list[int]:
+    """Start ``command`` once per host as the ranks of one job and wait for them all.
+
+    Each process gets the environment torchrun gives a worker (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``MASTER_ADDR``...; hosts with the same address are one node), its
+    interface for Gloo and its share of this machine's cores. No agents: the test hosts
+    share one machine, and torchrun's per-node agents raced each other at exit. As
+    torchrun does, when one rank fails the others are stopped (SIGTERM, then SIGKILL
+    after ``grace`` seconds). Returns the exit codes in rank order.
+    """
+    import signal
+    import time
+
+    share = str(thread_share(len(hosts)))
+    port = str(free_port())
+    base = dict(os.environ if env is None else env)
+    procs = []
+    try:
+        for rank, host in enumerate(hosts):
+            node = [h for h in hosts if h.addr == host.addr]
+            local_rank = sum(1 for h in hosts[:rank] if h.addr == host.addr)
+            worker_env = dict(base, RANK=str(rank), WORLD_SIZE=str(len(hosts)),
+                              LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(len(node)),
+                              MASTER_ADDR=hosts[0].addr, MASTER_PORT=port,
+                              GLOO_SOCKET_IFNAME=host.ifname,
+                              # the hosts share this machine's cores: split them, or the
+                              # thread pools of torch and the kernels oversubscribe it
+                              HIPRESS_THREADS=share, OMP_NUM_THREADS=share)
+            procs.append(subprocess.Popen([*host.prefix, *command], env=worker_env))
+        stop_at = None
+        while None in (codes := [p.poll() for p in procs]):
+            failed = any(code not in (None, 0) for code in codes)
+            if failed and stop_at is None:
+                stop_at = time.monotonic() + grace
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+            if stop_at is not None and time.monotonic() > stop_at:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.1)
+    finally:  # Ctrl-C or an error here: no rank outlives the launcher
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [int(p.returncode) for p in procs]

@@ -49,6 +49,45 @@ def test_plugin_needs_init_first():
         hp.rank()
 
 
+def test_training_bench_always_measures_its_reference():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from bench.train import select_methods
+    finally:
+        sys.path.remove(str(ROOT))
+    # every ratio is to plain DDP in the same run: it runs first even when not asked for
+    assert select_methods(["HiPress onebit"], "shaped") == ["DDP", "HiPress onebit"]
+    assert select_methods(["HiPress dgc", "DDP", "HiPress dgc"], "shaped") == [
+        "DDP", "HiPress dgc"]
+    # torch's own hooks cannot be software-paced
+    assert select_methods(["torch fp16", "HiPress onebit"], "paced") == [
+        "DDP", "HiPress onebit"]
+
+
+def test_run_on_hosts_gives_each_rank_its_environment_and_stops_the_rest(tmp_path):
+    import time
+
+    from hipress.hosts import loopback
+    from hipress.launcher import run_on_hosts
+
+    show = ("import os; print(*(os.environ[k] for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', "
+            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR')), file=open(os.environ['OUT'] + "
+            "os.environ['RANK'], 'w'))")
+    with loopback(3) as hosts:
+        assert run_on_hosts(hosts, [sys.executable, "-c", show],
+                            {"OUT": str(tmp_path / "r"), "PATH": "/usr/bin:/bin"}) == [0, 0, 0]
+    for rank in range(3):
+        assert (tmp_path / f"r{rank}").read_text().split() == [
+            str(rank), "3", str(rank), "3", "127.0.0.1"]
+    # one rank fails: the others are stopped at once, not left waiting for it
+    fail = "import os, sys, time; sys.exit(3) if os.environ['RANK'] == '1' else time.sleep(60)"
+    start = time.monotonic()
+    with loopback(3) as hosts:
+        codes = run_on_hosts(hosts, [sys.executable, "-c", fail], grace=5.0)
+    assert codes[1] == 3 and codes[0] != 0 and codes[2] != 0
+    assert time.monotonic() - start < 30
+
+
 def test_torchrun_command_lines():
     single = torchrun_command(4, ["train.py", "--steps", "5"])
     assert "--standalone" in single and single[-3:] == ["train.py", "--steps", "5"]

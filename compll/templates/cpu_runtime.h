@@ -383,6 +383,20 @@ inline void add_into(float* r, const float* g, uint64_t n) {
   for (int64_t i = 0; i < (int64_t)n; ++i) r[i] = r[i] + g[i];
 }
 
+// The same add as the first op of the encoder's first pass over its input: each chunk
+// is added while the pass holds it in cache, and the ops after it read the sum.
+struct AddResidual {
+  float* r;
+  const float* g;
+  void start(uint64_t, int64_t) {}
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage&) {
+    if (r)
+      for (uint64_t i = lo; i < hi; ++i) r[i] = r[i] + g[i];
+  }
+  void finish() {}
+};
+inline AddResidual add_residual(float* r, const float* g) { return {r, g}; }
+
 // Materialise a lazy array (used when a packed array is bound to a name).
 template <int BITS, class F>
 void pack_all(uint8_t* dst, uint64_t len, F f) {

@@ -442,6 +442,15 @@ inline void add_into(float* r, const float* g, uint64_t n) {
   k_add_into<<<blocks_for(n), THREADS>>>(r, g, n);
   check(cudaGetLastError(), "add kernel");
 }
+// As an op of a pass (the CPU fuses it into the pass's loop; here it is one more kernel).
+struct AddResidual {
+  float* r;
+  const float* g;
+  void run(uint64_t len, const Stage&) {
+    if (r) add_into(r, g, len);
+  }
+};
+inline AddResidual add_residual(float* r, const float* g) { return {r, g}; }
 
 template <int BITS, class F>
 void pack_all(uint8_t* dst, uint64_t len, F f) {
