@@ -30,6 +30,8 @@ from .typing_rules import ITEMSIZE, promote_one
 __all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "render"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
+#: error feedback's r += g as a pass of its own (an encoder's ``g_in`` is the input)
+_ADD_RESIDUAL = "if (r_ptr) hp::add_into(r_ptr, g_in, n);"
 
 
 class CRenderer(ExprRenderer):
@@ -108,7 +110,7 @@ class CRenderer(ExprRenderer):
         (``flush`` fuses it into the first pass over g where it can)."""
         if self.residual_pending:
             self.residual_pending = False
-            self.emit("if (r_ptr) hp::add_into(r_ptr, g_in, n);")
+            self.emit(_ADD_RESIDUAL)
 
     def emit(self, line: str) -> None:
         for pending in self.take_hoisted():
@@ -340,7 +342,7 @@ class CRenderer(ExprRenderer):
         self.emit(f"for (int k = 0; k < {count}; ++k) total += hp_pad8(sz[k]);")
         if self.residual_pending:  # the caller retries on r alone: it must hold r + g
             self.emit("if (total > cap) {")
-            self.emit("  if (r_ptr) hp::add_into(r_ptr, g_in, n);")
+            self.emit("  " + _ADD_RESIDUAL)
             self.emit("  return (int64_t)total;")
             self.emit("}")
         else:
