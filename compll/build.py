@@ -108,7 +108,8 @@ def _runtime_text(target: str) -> str:
     return "".join((_TEMPLATES / n).read_text() for n in names)
 
 
-def _commands(target: str, compiler: str, source: Path, library: Path) -> list[list[str]]:
+def _steps(target: str, compiler: str, source: Path,
+           library: Path) -> list[list[list[str]]]:
     """The compiler runs for one build: steps run in order, the commands of a step at once."""
     include = f"-I{_TEMPLATES}"
     if target == "cpu":
@@ -116,9 +117,9 @@ def _commands(target: str, compiler: str, source: Path, library: Path) -> list[l
         compile_step = [[compiler, *CPU_FLAGS, part, include, "-c", str(source), "-o", str(obj)]
                         for part, obj in zip(CPU_PARTS, objects, strict=True)]
         link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
-        return [*compile_step, link]
+        return [compile_step, [link]]
     arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
-    return [[compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]]
+    return [[[compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]]]
 
 
 def _run_all(cmds: list[list[str]]) -> tuple[list[str], str] | None:
@@ -195,10 +196,8 @@ def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
     tmp_src = folder / f".{name}.{os.getpid()}{_suffix(target)}"
     tmp_lib = folder / f".{name}.{os.getpid()}.so"
     tmp_src.write_text(source)
-    cmds = _commands(target, compiler, tmp_src, tmp_lib)
-    steps = [cmds[:-1], cmds[-1:]] if len(cmds) > 1 else [cmds]
     try:
-        for step in steps:
+        for step in _steps(target, compiler, tmp_src, tmp_lib):
             failed = _run_all(step)
             if failed is not None:
                 tmp_lib.unlink(missing_ok=True)

@@ -41,13 +41,18 @@ def algorithms() -> list[str]:
     return compiler.algorithms()
 
 
+def _is_torch(x: Any) -> bool:
+    """A torch tensor, told apart without importing torch."""
+    return type(x).__module__.startswith("torch")
+
+
 def _is_cuda(x: Any) -> bool:
-    return type(x).__module__.startswith("torch") and x.device.type == "cuda"
+    return _is_torch(x) and x.device.type == "cuda"
 
 
 def _as_float32(x: Any, what: str) -> np.ndarray:
     """A 1-D float32 NumPy view (or copy) of an array or CPU torch tensor."""
-    if type(x).__module__.startswith("torch"):
+    if _is_torch(x):
         x = x.detach()
         if x.dtype != _torch().float32:
             x = x.float()  # fp16 / bf16 / f64 gradients are upcast
@@ -147,7 +152,7 @@ class Codec:
         Returns:
             The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
         """
-        _check_count(int(x.numel()) if type(x).__module__.startswith("torch") else np.size(x))
+        _check_count(int(x.numel()) if _is_torch(x) else np.size(x))
         if step is None:
             step = self.step
             self.step = (self.step + 1) & 0xFFFFFFFF
@@ -172,7 +177,7 @@ class Codec:
             return interpreter.encode(self.program, data, self.seed, step)
         into = None
         if out is not None:
-            into = out.numpy() if type(out).__module__.startswith("torch") else out
+            into = out.numpy() if _is_torch(out) else out
             if not isinstance(into, np.ndarray) or into.dtype != np.uint8 \
                     or not into.flags.c_contiguous:
                 raise ConfigError("out= must be a contiguous uint8 array")
@@ -248,7 +253,7 @@ def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:
                 and x.is_contiguous()):
             raise ConfigError(f"{what} must be a contiguous float32 CUDA tensor of {n} elements")
         return x
-    arr = x.numpy() if type(x).__module__.startswith("torch") else x
+    arr = x.numpy() if _is_torch(x) else x
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.size != n \
             or not arr.flags.c_contiguous:
         raise ConfigError(f"{what} must be a contiguous float32 array of {n} elements")
@@ -258,7 +263,7 @@ def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:
 def _as_payload(payload: Any) -> np.ndarray:
     if isinstance(payload, (bytes, bytearray, memoryview)):
         return np.frombuffer(payload, dtype=np.uint8)
-    if type(payload).__module__.startswith("torch"):
+    if _is_torch(payload):
         payload = payload.detach().cpu().numpy()
     arr = np.asarray(payload)
     if arr.dtype != np.uint8:

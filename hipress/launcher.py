@@ -38,14 +38,20 @@ def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_r
             raise ConfigError("a multi-node job needs --master-addr (the address of node 0)")
         cmd += ["--nnodes", str(nnodes), "--node-rank", str(node_rank),
                 "--master-addr", master_addr, "--master-port", str(master_port)]
-    command = list(command)
-    if command[0] in ("python", "python3"):
-        # The interpreter that runs hipress, not whichever python PATH finds first: a
-        # TensorFlow or MXNet job started from .venv-tf or .venv-mx stays in it.
-        command[0] = sys.executable
+    command = _this_python(command)
     if not command[0].endswith(".py"):
         cmd.append("--no-python")
     return cmd + command
+
+
+def _this_python(command: Sequence[str]) -> list[str]:
+    """``command`` with ``python`` meaning the interpreter that runs hipress, not whichever
+    python PATH finds first: a TensorFlow or MXNet job started from .venv-tf or .venv-mx
+    stays in it."""
+    command = list(command)
+    if command and command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
 
 
 def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
@@ -83,11 +89,9 @@ def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
     one rank per network namespace, as on ``ranks`` one-GPU nodes."""
     from .hosts import shaped
 
-    command = list(args)
+    command = _this_python(args)
     if command[0].endswith(".py"):
         command.insert(0, sys.executable)
-    elif command[0] in ("python", "python3"):
-        command[0] = sys.executable
     env = {k: v for k, v in os.environ.items() if k != "HIPRESS_BANDWIDTH"}  # real links
     with shaped(ranks, bandwidth) as hosts:
         return max(abs(code) for code in run_on_hosts(hosts, command, env))
