@@ -5,6 +5,9 @@ Every figure is a ratio against a reference measured in the same run:
 * vs copy: effective bandwidth, (bytes read + bytes written) / time, divided by that of
   ``numpy.copyto`` on the same tensor. Outputs are preallocated and reused, as the
   copy's destination is and as CaSync's buffers are (no first-touch page faults).
+  Each round times the copy, the encode, the decode and the torch baselines in turn,
+  and every figure is a median over rounds, so noise from outside the VM lands on the
+  reference and the subject alike.
 * vs torch: time of the idiomatic torch-ops implementation in ``bench/baselines``
   divided by ours (encode + decode).
 * dgc and topk encode against ``torch.topk`` of the same k on the same tensor.
@@ -40,13 +43,21 @@ sys.path.insert(0, str(HERE.parent))
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: first-touch page faults and lazy initialisation
-    times = []
+    return _interleaved({"fn": fn}, repeats)["fn"]
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, timed in turn in every round, so that a burst of
+    noise from outside this VM slows the reference and the subject alike."""
+    for fn in fns.values():
+        fn()  # warm-up: first-touch page faults and lazy initialisation
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def gradient(size: int) -> np.ndarray:
@@ -56,40 +67,46 @@ def gradient(size: int) -> np.ndarray:
     return (r.standard_normal(size) * r.exponential(1.0, size) * 1e-3).astype(np.float32)
 
 
-def copy_bandwidth(g: np.ndarray, repeats: int) -> float:
-    dst = np.empty_like(g)
-    return 2 * g.nbytes / _median_seconds(lambda: np.copyto(dst, g), repeats)
-
-
-def time_codec(name: str, target: str, g: np.ndarray, repeats: int) -> dict:
+def time_codec(name: str, target: str, g: np.ndarray, repeats: int,
+               torch_baselines: bool = False) -> dict:
+    """Encode and decode times, timed in turn with ``numpy.copyto`` of the same tensor
+    (``copy_Bps``: its effective bandwidth, read + write, in those rounds) and, with
+    ``torch_baselines``, with the idiomatic torch implementation (and ``torch.topk`` for
+    the top-k codecs)."""
     c = hipress.codec(name, target=target)
     payload = c.encode(g).copy()
     enc_buf = np.empty(payload.size + payload.size // 4 + 64, dtype=np.uint8)
     dec_buf = np.empty(g.size, dtype=np.float32)
-    enc_s = _median_seconds(lambda: c.encode(g, step=0, out=enc_buf), repeats)
-    dec_s = _median_seconds(lambda: c.decode(payload, g.size, out=dec_buf), repeats)
-    return {"payload_bytes": int(payload.nbytes), "encode_s": enc_s, "decode_s": dec_s,
-            "moved_bytes": int(g.nbytes + payload.nbytes)}
+    dst = np.empty_like(g)
+    fns: dict[str, Callable[[], object]] = {
+        "copy": lambda: np.copyto(dst, g),
+        "encode": lambda: c.encode(g, step=0, out=enc_buf),
+        "decode": lambda: c.decode(payload, g.size, out=dec_buf)}
+    if torch_baselines:
+        import torch
 
+        from bench.baselines.torch_ops import BASELINES
 
-def time_torch(name: str, g: np.ndarray, repeats: int) -> dict:
-    import torch
-
-    from bench.baselines.torch_ops import BASELINES
-
-    enc, dec = BASELINES[name]
-    x = torch.from_numpy(g)
-    payload = enc(x)
-    return {"torch_encode_s": _median_seconds(lambda: enc(x), repeats),
-            "torch_decode_s": _median_seconds(lambda: dec(payload, x.numel()), repeats)}
-
-
-def time_torch_topk(g: np.ndarray, ratio: float, repeats: int) -> float:
-    import torch
-
-    x = torch.from_numpy(g)
-    k = max(1, int(g.size * ratio))
-    return _median_seconds(lambda: torch.topk(x.abs(), k, sorted=False), repeats)
+        enc, dec = BASELINES[name]
+        x = torch.from_numpy(g)
+        torch_payload = enc(x)
+        fns["torch_encode"] = lambda: enc(x)
+        fns["torch_decode"] = lambda: dec(torch_payload, x.numel())
+        if name in ("dgc", "topk"):
+            k = max(1, int(g.size * hipress.codec(name, target="ref").params["ratio"]))
+            fns["torch_topk"] = lambda: torch.topk(x.abs(), k, sorted=False)
+    t = _interleaved(fns, repeats)
+    row = {"payload_bytes": int(payload.nbytes), "encode_s": t["encode"],
+           "decode_s": t["decode"], "moved_bytes": int(g.nbytes + payload.nbytes),
+           "copy_Bps": 2 * g.nbytes / t["copy"]}
+    row["encode_vs_copy"] = row["moved_bytes"] / row["encode_s"] / row["copy_Bps"]
+    row["decode_vs_copy"] = row["moved_bytes"] / row["decode_s"] / row["copy_Bps"]
+    if torch_baselines:
+        row["torch_encode_s"], row["torch_decode_s"] = t["torch_encode"], t["torch_decode"]
+        row["vs_torch"] = (t["torch_encode"] + t["torch_decode"]) / (t["encode"] + t["decode"])
+        if "torch_topk" in t:
+            row["vs_torch_topk"] = t["torch_topk"] / t["encode"]
+    return row
 
 
 def build_times(names: list[str], target: str) -> dict:
@@ -122,12 +139,10 @@ def sweep(names: list[str], target: str, repeats: int) -> dict:
     rows: dict[str, list] = {n: [] for n in names}
     for exp in range(10, 27, 2):
         g = gradient(2**exp)
-        bw = copy_bandwidth(g, repeats)
         for name in names:
             t = time_codec(name, target, g, repeats)
-            rows[name].append({"elements": 2**exp,
-                               "encode_vs_copy": t["moved_bytes"] / t["encode_s"] / bw,
-                               "decode_vs_copy": t["moved_bytes"] / t["decode_s"] / bw})
+            rows[name].append({"elements": 2**exp, "encode_vs_copy": t["encode_vs_copy"],
+                               "decode_vs_copy": t["decode_vs_copy"]})
     return rows
 
 
@@ -182,30 +197,20 @@ def main(argv: list[str] | None = None) -> int:
                     "threads": os.cpu_count(), "rows": []}
     with console.status("building kernels"):
         builds = build_times(args.algorithms, args.target) if args.target != "ref" else {}
-    with console.status("timing numpy.copyto"):
-        bw = copy_bandwidth(g, args.repeats)
-    result["copy_GBps"] = bw / 1e9
     for name in args.algorithms:
         with console.status(f"timing {name}"):
-            row = {"algorithm": name, **time_codec(name, args.target, g, args.repeats)}
-            row["encode_vs_copy"] = row["moved_bytes"] / row["encode_s"] / bw
-            row["decode_vs_copy"] = row["moved_bytes"] / row["decode_s"] / bw
+            row = {"algorithm": name, **time_codec(name, args.target, g, args.repeats,
+                                                   torch_baselines=not args.no_torch)}
             row.update(builds.get(name, {}))
-            if not args.no_torch:
-                row.update(time_torch(name, g, args.repeats))
-                row["vs_torch"] = (row["torch_encode_s"] + row["torch_decode_s"]) / (
-                    row["encode_s"] + row["decode_s"])
-                if name in ("dgc", "topk"):
-                    topk_s = time_torch_topk(g, hipress.codec(name, target="ref").params["ratio"],
-                                             args.repeats)
-                    row["vs_torch_topk"] = topk_s / row["encode_s"]
         result["rows"].append(row)
+    result["copy_GBps"] = statistics.median(r["copy_Bps"] for r in result["rows"]) / 1e9
     if args.sweep:
         with console.status("sweeping sizes"):
             result["sweep"] = sweep(args.algorithms, args.target, max(3, args.repeats // 2))
 
     table = Table(title=f"encode/decode on {args.size:,} float32, target {args.target}; "
-                        f"numpy.copyto {result['copy_GBps']:.1f} GB/s (read+write)")
+                        f"numpy.copyto {result['copy_GBps']:.1f} GB/s (read+write, "
+                        f"median of the rows)")
     cols = ["algorithm", "payload", "enc ms", "dec ms", "enc/copy", "dec/copy", "vs torch",
             "vs topk", "build s", "load ms"]
     for col in cols:

@@ -26,8 +26,8 @@ __all__ = ["check", "BUILTINS", "ELEMENTWISE", "CASTS"]
 CASTS = frozenset(SCALARS)
 #: Scalar functions that also apply elementwise to arrays.
 ELEMENTWISE = frozenset(
-    {"abs", "sign", "floor", "ceil", "round", "sqrt", "min", "max", "exponent", "pow2",
-     "isnan", "isfinite"}
+    {"abs", "sign", "floor", "ceil", "round", "sqrt", "min", "max", "exponent", "mantissa",
+     "pow2", "isnan", "isfinite"}
 )
 #: Operators on arrays and payloads.
 ARRAY_OPS = frozenset(
@@ -302,6 +302,8 @@ class _Checker:
             operand, elem = "f32", "bool"
         elif e.fn == "exponent":
             operand, elem = "f32", "i32"
+        elif e.fn == "mantissa":
+            operand, elem = "f32", "u32"
         elif e.fn == "pow2":
             if not is_int(types[0].elem):
                 raise self.err("pow2 takes an integer exponent", e.pos)

@@ -282,14 +282,14 @@ class ExprRenderer:
                 out = f"({args[0]} {cmp} {args[1]} ? {args[0]} : {args[1]})"
         elif fn in ("isnan", "isfinite"):
             out = f"hp_{fn}({args[0]})"
-        elif fn == "exponent":
-            out = f"hp_exponent({args[0]})"
+        elif fn in ("exponent", "mantissa"):
+            out = f"hp_{fn}({args[0]})"
         elif fn == "pow2":
             out = f"hp_pow2({args[0]})"
         else:
             raise BuildError(f"the renderer has no builtin {fn!r}")
-        result = "f32" if fn in ("pow2",) else ("bool" if fn in ("isnan", "isfinite") else
-                                                 ("i32" if fn == "exponent" else op))
+        result = {"pow2": "f32", "isnan": "bool", "isfinite": "bool", "exponent": "i32",
+                  "mantissa": "u32"}.get(fn, op)
         return self.convert(out, result, e.ty.elem)
 
     rint = "nearbyintf"

@@ -5,11 +5,15 @@ function, so a stochastic codec gives the same bits on every backend.
     k0      = mix(seed * 0x9E3779B9 + 0x7F4A7C15)
     k1      = mix(k0 ^ (step * 0x85EBCA77 + 0x165667B1))
     key     = mix(k1 ^ (stream * 0xC2B2AE3D + 0x27D4EB2F))
-    h(i)    = mix(mix(lo32(i) ^ key) + hi32(i) * 0x9E3779B9 + key)
+    h(i)    = mix(lo32(i) * 0x9E3779B9 + hi32(i) * 0x85EBCA77 + key)
     uniform = (h >> 8) * 2**-24                  # an f32 in [0, 1), exact
     randint(hi) = (h * hi) >> 32                 # in [0, hi), 64-bit product
 
-All arithmetic is on unsigned 32-bit integers modulo 2**32.
+All arithmetic is on unsigned 32-bit integers modulo 2**32. ``h`` is SplitMix's
+construction, a Weyl sequence through one finaliser: kernels compute ``lo32(i) *
+0x9E3779B9`` as a running sum, so a number costs the finaliser's two multiplies (a
+second mix round doubled the cost of the stochastic codecs' encode). Element indices
+stay below 2**32 in a codec call; ``hi32`` keeps the definition total.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def hash_index(key: int, index: np.ndarray) -> np.ndarray:
     hi = (index >> np.uint64(32)).astype(np.uint32)
     k = np.uint32(key)
     with np.errstate(over="ignore"):
-        return mix32(mix32(lo ^ k) + hi * np.uint32(0x9E3779B9) + k)
+        return mix32(lo * np.uint32(0x9E3779B9) + hi * np.uint32(0x85EBCA77) + k)
 
 
 def uniform(key: int, index: np.ndarray) -> np.ndarray:

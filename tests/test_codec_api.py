@@ -146,6 +146,22 @@ def test_more_elements_than_a_u32_counts_is_a_clear_error():
         c.decode(np.zeros(64, np.uint8), MAX_ELEMENTS + 1)
 
 
+def test_the_kernels_themselves_refuse_more_elements_than_a_u32_counts():
+    """The C ABI guards its 32-bit element loops too, before touching any memory."""
+    import ctypes
+
+    kernel = hipress.codec("terngrad", target="cpu")._kernel("cpu")
+    x, out = np.zeros(8, np.float32), np.zeros(64, np.uint8)
+    size = kernel.lib.hp_encode(x.ctypes.data, None, MAX_ELEMENTS + 1, 0, 0, out.ctypes.data,
+                                ctypes.c_uint64(out.size))
+    assert size == -1 and not out.any()
+    assert b"split the tensor" in kernel.lib.hp_last_error()
+    err = ctypes.create_string_buffer(256)
+    rc = kernel.lib.hp_decode(out.ctypes.data, out.size, MAX_ELEMENTS + 1, x.ctypes.data, 0,
+                              ctypes.c_float(1.0), 0, err, 256)
+    assert rc == 1 and b"split the tensor" in err.value and not x.any()
+
+
 def test_params_override_defaults():
     c = hipress.codec("dgc", ratio=0.01)
     assert c.params["ratio"] == pytest.approx(0.01)

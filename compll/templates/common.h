@@ -123,6 +123,7 @@ HP_FN float hp_sign_f32(float a) { return (float)((a > 0.0f) - (a < 0.0f)); }
 HP_FN int32_t hp_exponent(float x) {  // zero and subnormals (field 0) give -127
   return (int32_t)(hp_f2u(x) >> 23 & 0xFFu) - 127;
 }
+HP_FN uint32_t hp_mantissa(float x) { return hp_f2u(x) & 0x7FFFFFu; }  // the fraction field
 HP_FN float hp_pow2(int32_t e) {
   const int32_t c = e < -126 ? -126 : (e > 127 ? 127 : e);
   const float v = hp_u2f((uint32_t)(c + 127) << 23);
@@ -143,9 +144,9 @@ HP_FN uint32_t hp_stream_key(uint32_t seed, uint32_t step, uint32_t stream) {
   uint32_t k1 = hp_mix32(k0 ^ (step * 0x85EBCA77u + 0x165667B1u));
   return hp_mix32(k1 ^ (stream * 0xC2B2AE3Du + 0x27D4EB2Fu));
 }
-HP_FN uint32_t hp_hash(uint32_t key, uint64_t i) {
+HP_FN uint32_t hp_hash(uint32_t key, uint64_t i) {  // a Weyl sequence through one mix
   uint32_t lo = (uint32_t)i, hi = (uint32_t)(i >> 32);
-  return hp_mix32(hp_mix32(lo ^ key) + hi * 0x9E3779B9u + key);
+  return hp_mix32(lo * 0x9E3779B9u + hi * 0x85EBCA77u + key);
 }
 HP_FN float hp_uniform(uint32_t key, uint64_t i) {
   return (float)(hp_hash(key, i) >> 8) * 5.9604644775390625e-8f;

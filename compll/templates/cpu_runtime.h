@@ -35,6 +35,10 @@ inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
 // one parallel pass, chunk by chunk (SUM_CHUNK elements, which fit in L1/L2), so the
 // input is read from memory once. Each op has start(len, chunks), chunk(lo, hi, c) and
 // finish(). Chunks are also the unit of the defined float-sum order.
+//
+// Inside a chunk, element loops count in 32 bits: a codec call holds fewer than 2^32
+// elements (the kernels refuse more), and with a 64-bit counter every vectorised loop
+// carried 64-bit index lanes, which doubled the cost of the counter-based RNG.
 
 // Packed arrays that a pass reads are unpacked chunk by chunk into L1-resident bytes,
 // so element functions read st.p[k][i - st.lo]: a contiguous, vectorisable load.
@@ -66,6 +70,14 @@ inline void unpack_bits(uint8_t* dst, const uint8_t* s, uint64_t len) {
       const uint16_t x = s[b];
       const uint16_t w = (uint16_t)((x & 0xFu) | ((x << 4) & 0xF00u));
       std::memcpy(dst + 2 * b, &w, 2);
+    }
+  } else if (BITS == 1) {  // one input byte -> one 64-bit word of eight 0/1 bytes
+    for (uint64_t b = 0; b < full; ++b) {
+      // Copy the byte into every byte, keep bit k in byte k, then carry a non-zero byte
+      // into its top bit (no byte overflows into the next) and move that to bit 0.
+      const uint64_t t = ((uint64_t)s[b] * 0x0101010101010101ull) & 0x8040201008040201ull;
+      const uint64_t w = ((t + 0x7F7F7F7F7F7F7F7Full) >> 7) & 0x0101010101010101ull;
+      std::memcpy(dst + 8 * b, &w, 8);
     }
   } else {
     for (uint64_t b = 0; b < full; ++b)
@@ -115,19 +127,24 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
 // follows reads contiguous values.
 template <class T, class F>
 inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const Stage& st) {
-  for (uint64_t i = lo; i < hi; ++i) buf[i - lo] = (T)f(i, st);
+  for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) buf[i - lo] = (T)f(i, st);
 }
 
-typedef double hp_d4 __attribute__((vector_size(32)));
-typedef float hp_f4 __attribute__((vector_size(16)));
+typedef double hp_d8 __attribute__((vector_size(64)));
 typedef float hp_f8 __attribute__((vector_size(32)));
 typedef int32_t hp_i8 __attribute__((vector_size(32)));
 typedef uint8_t hp_u8x32 __attribute__((vector_size(32)));
 typedef char hp_i8x32 __attribute__((vector_size(32)));
 
-// Float sum in the defined order: f64 lanes l = i mod 8 within a chunk, lanes combined
-// pairwise, chunks added in order, rounded once to f32. Lanes 0-3 and 4-7 live in two
-// 4-wide vectors; each lane still adds its elements one after another.
+// Reductions evaluate SUB_BLOCK elements at a time into a buffer that stays in L1, then
+// reduce it: loads of the next block overlap the arithmetic on this one (a whole chunk
+// evaluated first made the two phases take turns).
+constexpr uint64_t SUB_BLOCK = 512;  // compll/interpreter.py SUM_BLOCK: divides SUM_CHUNK
+
+// Float sum in the defined order (compll/interpreter.py _sum_f32): lane l = i mod 32
+// within a chunk; per SUB_BLOCK, each lane adds its 16 elements in f32 and the partial is
+// widened into the lane's f64 total; adjacent lanes combine pairwise up a tree; chunks
+// add in order; the total rounds once to f32. The 32 lanes are four 8-wide vectors.
 template <class F>
 struct SumF32 {
   F f;
@@ -135,22 +152,33 @@ struct SumF32 {
   std::vector<double> part;
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0.0); }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    alignas(64) float buf[SUM_CHUNK];
-    eval_chunk(buf, lo, hi, f, st);
-    const uint64_t len = hi - lo;
-    hp_d4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
-    uint64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-      hp_f4 x, y;
-      std::memcpy(&x, buf + j, 16);
-      std::memcpy(&y, buf + j + 4, 16);
-      a += __builtin_convertvector(x, hp_d4);
-      b += __builtin_convertvector(y, hp_d4);
+    hp_d8 acc[4];
+    for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
+    alignas(64) float buf[SUB_BLOCK];
+    for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
+      const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
+      eval_chunk(buf, s, s + len, f, st);
+      hp_f8 p[4];
+      for (hp_f8& v : p) v = hp_f8{0, 0, 0, 0, 0, 0, 0, 0};
+      const uint64_t whole = len / 32 * 32;
+      for (uint64_t j = 0; j < whole; j += 32) {
+        for (int k = 0; k < 4; ++k) {
+          hp_f8 x;
+          std::memcpy(&x, buf + j + 8 * k, 32);
+          p[k] += x;
+        }
+      }
+      // Only the chunk's last block can end in a partial group of 32: its elements
+      // come last in their lanes.
+      for (uint64_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += buf[whole + l];
+      for (int k = 0; k < 4; ++k) acc[k] += __builtin_convertvector(p[k], hp_d8);
     }
-    double lane[8] = {a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]};
-    for (int l = 0; j + l < len; ++l) lane[l] += (double)buf[j + l];
-    part[(size_t)c] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-                      ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    double lane[32];
+    for (int k = 0; k < 4; ++k)
+      for (int m = 0; m < 8; ++m) lane[8 * k + m] = acc[k][m];
+    for (int width = 16; width >= 1; width /= 2)
+      for (int l = 0; l < width; ++l) lane[l] = lane[2 * l] + lane[2 * l + 1];
+    part[(size_t)c] = lane[0];
   }
   void finish() {
     double total = 0.0;
@@ -172,7 +200,7 @@ struct SumInt {
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
     const F f = this->f;
     uint32_t s = 0;
-    for (uint64_t i = lo; i < hi; ++i) s += (uint32_t)f(i, st);
+    for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) s += (uint32_t)f(i, st);
     part[(size_t)c] = s;
   }
   void finish() {
@@ -197,35 +225,36 @@ struct ExtremeF32 {
     all_nan.assign((size_t)chunks, 1);
   }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    alignas(64) float buf[SUM_CHUNK];
-    eval_chunk(buf, lo, hi, f, st);
-    // Eight independent lanes: NaN is skipped, and max/min of the rest is order-free
-    // (a zero result is made +0 at the end).
+    // Four independent 8-lane accumulators, so the loop runs at load speed rather than
+    // at the latency of one chain of compares. A NaN never wins a comparison, so it is
+    // skipped with no extra work; max/min of the rest is order-free (a zero result is
+    // made +0 at the end).
     const float init = IS_MAX ? -HP_INF : HP_INF;
-    const uint64_t len = hi - lo;
-    hp_f8 best8 = {init, init, init, init, init, init, init, init};
-    hp_i8 nan8 = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint64_t j = 0;
-    for (; j + 8 <= len; j += 8) {
-      hp_f8 v;
-      std::memcpy(&v, buf + j, 32);
-      const hp_i8 is_nan = v != v;
-      nan8 -= is_nan;  // a true comparison is -1
-      v = is_nan ? best8 : v;
-      best8 = IS_MAX ? (v > best8 ? v : best8) : (v < best8 ? v : best8);
-    }
+    hp_f8 acc[4];
+    for (hp_f8& a : acc) a = hp_f8{init, init, init, init, init, init, init, init};
     float best = init;
-    int64_t nan_count = 0;
-    for (int l = 0; l < 8; ++l) {
-      best = IS_MAX ? hp_fmax(best, best8[l]) : hp_fmin(best, best8[l]);
-      nan_count += nan8[l];
+    alignas(64) float buf[SUB_BLOCK];
+    for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
+      const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
+      eval_chunk(buf, s, s + len, f, st);
+      uint64_t j = 0;
+      for (; j + 32 <= len; j += 32) {
+        for (int k = 0; k < 4; ++k) {
+          hp_f8 v;
+          std::memcpy(&v, buf + j + 8 * k, 32);
+          acc[k] = IS_MAX ? (v > acc[k] ? v : acc[k]) : (v < acc[k] ? v : acc[k]);
+        }
+      }
+      for (; j < len; ++j) best = IS_MAX ? hp_fmax(best, buf[j]) : hp_fmin(best, buf[j]);
     }
-    for (; j < len; ++j) {
-      best = IS_MAX ? hp_fmax(best, buf[j]) : hp_fmin(best, buf[j]);
-      nan_count += hp_isnan(buf[j]);
-    }
+    for (const hp_f8& a : acc)
+      for (int l = 0; l < 8; ++l) best = IS_MAX ? hp_fmax(best, a[l]) : hp_fmin(best, a[l]);
     part[(size_t)c] = best;
-    all_nan[(size_t)c] = nan_count == (int64_t)len;
+    // Only a chunk whose result is still the initial value can be all NaN: count then.
+    uint64_t nans = 0;
+    if (best == init)
+      for (uint64_t i = lo; i < hi; ++i) nans += hp_isnan((float)f(i, st));
+    all_nan[(size_t)c] = nans == hi - lo;
   }
   void finish() {
     float best = IS_MAX ? -HP_INF : HP_INF;
@@ -276,15 +305,15 @@ struct Pack {
     constexpr uint8_t mask = (uint8_t)((1u << BITS) - 1u);
     const uint64_t len = hi - lo;
     uint8_t* out = dst + lo * BITS / 8;
-    alignas(64) uint8_t v[SUM_CHUNK + 64];
-    {  // one vectorised loop from element values to masked bytes
-      const F f = this->f;
-      for (uint64_t i = lo; i < hi; ++i) v[i - lo] = (uint8_t)((uint8_t)f(i, st) & mask);
-    }
-    if (BITS == 8) {
-      std::memcpy(out, v, len);
+    const F f = this->f;
+    if (BITS == 8) {  // straight into the payload (a bounce buffer cost a memcpy per chunk)
+      for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) out[i - lo] = (uint8_t)f(i, st);
       return;
     }
+    alignas(64) uint8_t v[SUM_CHUNK + 64];
+    // one vectorised loop from element values to masked bytes
+    for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i)
+      v[i - lo] = (uint8_t)((uint8_t)f(i, st) & mask);
     for (uint64_t i = len; i < len + 64; ++i) v[i] = 0;
     uint64_t b = 0;
 #ifdef __AVX2__
@@ -353,21 +382,22 @@ struct WriteOut {
     const F f = this->f;  // a local copy: stores to out cannot alias its captures
     float* const o = this->out;
     const float s = scale;
+    const uint32_t l32 = (uint32_t)lo, h32 = (uint32_t)hi;
     if (feedback) {
-      for (uint64_t i = lo; i < hi; ++i) {
+      for (uint32_t i = l32; i < h32; ++i) {
         const float v = o[i] + s * f(i, st);
         o[i] = hp_isfinite(v) ? v : 0.0f;
       }
     } else if (s == 1.0f) {
       if (accumulate) {
-        for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + f(i, st);
+        for (uint32_t i = l32; i < h32; ++i) o[i] = o[i] + f(i, st);
       } else {
-        for (uint64_t i = lo; i < hi; ++i) o[i] = f(i, st);
+        for (uint32_t i = l32; i < h32; ++i) o[i] = f(i, st);
       }
     } else if (accumulate) {
-      for (uint64_t i = lo; i < hi; ++i) o[i] = o[i] + s * f(i, st);
+      for (uint32_t i = l32; i < h32; ++i) o[i] = o[i] + s * f(i, st);
     } else {
-      for (uint64_t i = lo; i < hi; ++i) o[i] = s * f(i, st);
+      for (uint32_t i = l32; i < h32; ++i) o[i] = s * f(i, st);
     }
   }
   void finish() {}

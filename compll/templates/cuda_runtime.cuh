@@ -110,24 +110,37 @@ inline Stage stage_of(const Unpacks& u) {
 }
 
 // ---- kernels -------------------------------------------------------------------------------
-// One thread per (chunk, lane): lane l of a chunk adds elements l, l+8, ... in order.
+// One thread per (chunk, lane): lane l of a chunk adds elements l, l+32, ... in order,
+// in f32 within each block of SUM_BLOCK elements and in f64 across blocks
+// (compll/interpreter.py _sum_f32); a warp's loads are contiguous.
+constexpr uint64_t SUM_LANES = 32;
+constexpr uint64_t SUM_BLOCK = 512;
 template <class F>
 __global__ void k_sum_lanes(uint64_t len, F f, Stage st, double* lanes) {
   const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
-  const uint64_t chunk = t / 8, lane = t % 8;
+  const uint64_t chunk = t / SUM_LANES, lane = t % SUM_LANES;
   const uint64_t lo = chunk * SUM_CHUNK;
   if (lo >= len) return;
   const uint64_t hi = lo + SUM_CHUNK < len ? lo + SUM_CHUNK : len;
   double acc = 0.0;
-  for (uint64_t i = lo + lane; i < hi; i += 8) acc += (double)f(i, st);
+  for (uint64_t b = lo; b < hi; b += SUM_BLOCK) {
+    const uint64_t e = b + SUM_BLOCK < hi ? b + SUM_BLOCK : hi;
+    float partial = 0.0f;
+    for (uint64_t i = b + lane; i < e; i += SUM_LANES) partial += (float)f(i, st);
+    acc += (double)partial;
+  }
   lanes[t] = acc;
 }
 
+// Adjacent lanes add pairwise up a tree, as on the CPU.
 __global__ inline void k_combine_lanes(uint64_t chunks, const double* lanes, double* part) {
   const uint64_t c = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
   if (c >= chunks) return;
-  const double* l = lanes + c * 8;
-  part[c] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  double l[SUM_LANES];
+  for (uint64_t k = 0; k < SUM_LANES; ++k) l[k] = lanes[c * SUM_LANES + k];
+  for (uint64_t width = SUM_LANES / 2; width >= 1; width /= 2)
+    for (uint64_t k = 0; k < width; ++k) l[k] = l[2 * k] + l[2 * k + 1];
+  part[c] = l[0];
 }
 
 // Per-chunk partials of order-free reductions: one block per chunk.
@@ -288,8 +301,8 @@ struct SumF32 {
     const uint64_t chunks = (len + SUM_CHUNK - 1) / SUM_CHUNK;
     double total = 0.0;
     if (chunks) {
-      buffer<double> lanes(chunks * 8), part(chunks);
-      k_sum_lanes<<<blocks_for(chunks * 8), THREADS>>>(len, f, st, lanes.data());
+      buffer<double> lanes(chunks * SUM_LANES), part(chunks);
+      k_sum_lanes<<<blocks_for(chunks * SUM_LANES), THREADS>>>(len, f, st, lanes.data());
       k_combine_lanes<<<blocks_for(chunks), THREADS>>>(chunks, lanes.data(), part.data());
       check(cudaGetLastError(), "sum kernel");
       for (double p : to_host(part.data(), chunks)) total += p;

@@ -5,6 +5,9 @@
 namespace hp {
 
 constexpr uint64_t HEADER = 24;
+// Elements per codec call: CompLL counts in u32 (hipress.codec.MAX_ELEMENTS).
+constexpr uint64_t MAX_ELEMENTS = 0xFFFFFFFFull;
+constexpr const char* TOO_MANY = "a codec call holds at most 4294967295 elements; split the tensor";
 
 inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
                 unsigned long long b = 0) {
@@ -38,6 +41,10 @@ inline void fill_header(uint8_t* h, uint32_t nsec, uint32_t algo, uint64_t n, ui
 inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_t n,
                          uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
                          char* err, uint64_t errcap) {
+  if (n > MAX_ELEMENTS) {
+    fail(err, errcap, TOO_MANY);
+    return false;
+  }
   if (size < HEADER) {
     fail(err, errcap, "payload of %llu bytes is shorter than the 24-byte header", size);
     return false;
