@@ -12,7 +12,9 @@ N ranks synchronize a model's gradient profile (tensor sizes in backward order, 
   link rate, 2(N-1)/N of the payload each way, plus one encode and one decode of the
   whole gradient, timed on every rank at once (so with the same CPU contention).
 
-Times are the slowest rank's, median over ``--steps`` after a warm-up step. With
+Times are the slowest rank's, median over ``--steps`` after a warm-up step (two for
+``auto``: one to fit its whole-model plan, one to set that plan up); the engine's cases
+take their steps round-robin, one of each in turn. With
 ``--validate`` the run also profiles the primitives and prints what the simulator
 (``casync.simulate``) predicts for each case, and its error.
 
@@ -56,21 +58,24 @@ def _gradients(profile: list[tuple[str, int]], rank: int) -> list[np.ndarray]:
     return [(r.standard_normal(n) * 1e-3).astype(np.float32) for _, n in profile]
 
 
-def _timed(dist: Any, step: Any, reset: Any, steps: int) -> list[float]:
-    """Run ``step`` warm-up + ``steps`` times; the slowest rank's seconds per step."""
+def _time_once(dist: Any, step: Any, reset: Any) -> float:
+    """One ``step`` from a common start: the slowest rank's seconds."""
     import torch
 
-    times = []
-    for i in range(steps + 1):
-        reset()
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        if i:
-            times.append(float(took))
-    return times
+    reset()
+    dist.barrier()
+    t0 = time.perf_counter()
+    step()
+    took = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX)
+    return float(took)
+
+
+def _timed(dist: Any, step: Any, reset: Any, steps: int, warmup: int = 1) -> list[float]:
+    """Run ``step`` ``warmup`` + ``steps`` times; the slowest rank's seconds per timed
+    step."""
+    times = [_time_once(dist, step, reset) for _ in range(warmup + steps)]
+    return times[warmup:]
 
 
 def _allreduce_step(dist: Any, tensors: list[Any]) -> None:
@@ -184,25 +189,41 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         rows.append({"case": f"naive {algo}", "algorithm": algo, "topology": "allgather",
                      "seconds": statistics.median(times)})
         say(f"naive {algo}: {rows[-1]['seconds']:.3f} s")
+    # The engine under every topology, timed round-robin (one step of each in turn), so
+    # that the machine's slow drifts land on all of them alike and auto is compared
+    # with the fixed strategies fairly.
+    syncs: dict[str, Synchronizer] = {}
     for topo in args.topologies:
         planner = None
         if topo == "auto":
             from casync.planner import CostPlanner
 
             planner = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
-        sync = Synchronizer(algo, "ps" if topo == "auto" else topo, timeout=600,
-                            fuse_below=args.fuse_below, planner=planner)
-        sent0 = sync.transport.bytes_sent
+        syncs[topo] = Synchronizer(algo, "ps" if topo == "auto" else topo, timeout=600,
+                                   fuse_below=args.fuse_below, planner=planner)
 
-        def step(sync: Synchronizer = sync) -> None:
+    def step_of(sync: Synchronizer) -> Any:
+        def step() -> None:
             for i, t in enumerate(tensors):
                 sync.submit(f"t{i}", t)
             sync.synchronize()
+        return step
 
-        times = _timed(dist, step, reset, args.steps)
+    sent0 = {}
+    for topo, sync in syncs.items():
+        # auto: the engine fits its whole-model plan after its first step, and the step
+        # after is the first to run that plan (its buffers and residuals): warm up both.
+        _timed(dist, step_of(sync), reset, 0, warmup=2 if topo == "auto" else 1)
+        sent0[topo] = sync.transport.bytes_sent
+    times: dict[str, list[float]] = {topo: [] for topo in syncs}
+    for _ in range(args.steps):
+        for topo, sync in syncs.items():
+            times[topo].append(_time_once(dist, step_of(sync), reset))
+    for topo, sync in syncs.items():
         rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,
-                     "seconds": statistics.median(times), "all_seconds": times,
-                     "bytes_per_rank": (sync.transport.bytes_sent - sent0) / (args.steps + 1)})
+                     "seconds": statistics.median(times[topo]), "all_seconds": times[topo],
+                     "bytes_per_rank": (sync.transport.bytes_sent - sent0[topo])
+                     / max(args.steps, 1)})
         sync.close()
         say(f"casync {algo} {topo}: {rows[-1]['seconds']:.3f} s")
     say(f"lower bound {algo}: {bound['seconds']:.3f} s (encode {enc * 1e3:.0f} ms, "
@@ -281,7 +302,7 @@ def worker(args: argparse.Namespace) -> int:
         from casync.profiler import measure
         from casync.transport import Transport
 
-        cost = measure(Transport(), tuple(args.algorithms), reps=3)
+        cost = measure(Transport(), tuple(args.algorithms))
         result["cost_model"] = cost.to_json()
         say("profiled the primitives on these ranks")
     for algo in args.algorithms:

@@ -7,6 +7,8 @@ figures. The planner and the simulator read nothing else.
 
 Keys: ``send`` (seconds per message of x bytes between two ranks while every rank
 sends), ``allreduce`` (seconds for x float32 elements over the measured world),
+``allgather`` (seconds for an all-gather of x bytes from every rank, what naive
+compress-and-all-gather baselines use),
 ``merge`` (x elements added in place), ``encode/ALGO`` and ``decode/ALGO`` (x elements),
 ``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` (the engine's own
 cost per graph beyond its primitives: building it, dispatching its tasks) and, for
@@ -29,7 +31,8 @@ __all__ = ["Linear", "CostModel", "payload_bytes"]
 
 @dataclass(frozen=True)
 class Linear:
-    """t(x) = max(a + b·x, floor), with the R² of the fit that produced it.
+    """t(x) = max(a + b·x, floor), with the R² of the fit that produced it and the
+    measured points ``(x, t)`` it was fitted to (kept in profiles, to inspect or refit).
 
     Example:
         >>> Linear.fit([1, 2, 3], [2.0, 3.0, 4.0])(10)
@@ -40,34 +43,53 @@ class Linear:
     b: float
     r2: float = 1.0
     floor: float = 0.0
+    points: tuple[tuple[float, float], ...] = ()
 
     def __call__(self, x: float) -> float:
         return max(self.a + self.b * x, self.floor)
 
     @classmethod
     def fit(cls, xs: Any, ts: Any) -> Linear:
-        """Least-squares fit of ``ts ≈ a + b·xs``; a negative intercept is clamped to 0
-        and the smallest measured time becomes the floor."""
+        """Fit ``ts ≈ a + b·xs`` in its two regimes (Hockney's latency-bandwidth model):
+        ``b`` by least squares over the larger half of the sizes, ``a`` as the median of
+        ``t - b·x`` over the smaller half; a negative value is clamped to 0 and the
+        smallest measured time becomes the floor.
+
+        One line through every size lets the largest set the intercept too: a send's
+        fixed cost came out at 5x the measured time of a 1 KiB message, and a step pays it
+        for every message. And sizes that stay in a cache or inside a link's burst run
+        faster per unit than the bulk does, so the small sizes must not set the slope.
+        """
         x = np.asarray(xs, np.float64)
         t = np.asarray(ts, np.float64)
         if x.size < 2 or np.ptp(x) == 0:
             raise ValueError("fitting a line needs at least two distinct sizes")
-        # Plain residuals: the large sizes pin the slope (bandwidth), which is what
-        # bulk traffic pays; the floor covers the small sizes the line may undershoot.
-        (b, a), *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), t, rcond=None)
+        order = np.argsort(x, kind="stable")
+        x, t = x[order], t[order]
+        half = x.size // 2
+        big, small = slice(half if np.ptp(x[half:]) > 0 else 0, None), slice(0, max(half, 1))
+        (b, _), *_ = np.linalg.lstsq(np.stack([x[big], np.ones_like(x[big])], 1), t[big],
+                                     rcond=None)
+        b = max(float(b), 0.0)
+        a = float(np.median(t[small] - b * x[small]))
         a, b = max(float(a), 0.0), max(float(b), 0.0)
         resid = t - (a + b * x)
         spread = float(np.sum((t - t.mean()) ** 2))
         r2 = 1.0 - float(np.sum(resid ** 2)) / spread if spread > 0 else 1.0
-        return cls(a, b, r2, float(t.min()))
+        points = tuple((float(u), float(v)) for u, v in zip(x, t, strict=True))
+        return cls(a, b, r2, float(t.min()), points)
 
-    def to_json(self) -> dict[str, float]:
-        return {"a": self.a, "b": self.b, "r2": self.r2, "floor": self.floor}
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"a": self.a, "b": self.b, "r2": self.r2, "floor": self.floor}
+        if self.points:
+            out["points"] = [list(p) for p in self.points]
+        return out
 
     @classmethod
-    def from_json(cls, d: dict[str, float]) -> Linear:
+    def from_json(cls, d: dict[str, Any]) -> Linear:
+        points = tuple((float(u), float(v)) for u, v in d.get("points", ()))
         return cls(float(d["a"]), float(d["b"]), float(d.get("r2", 1.0)),
-                   float(d.get("floor", 0.0)))
+                   float(d.get("floor", 0.0)), points)
 
 
 @dataclass
@@ -116,6 +138,13 @@ class CostModel:
     def send(self, nbytes: float) -> float:
         return self._get("send")(nbytes)
 
+    def wire(self, nbytes: float) -> tuple[float, float]:
+        """A message's ``send`` time split into the link's time for its bytes (b·x) and
+        the fixed rest (latency, per-message work), which overlaps other messages."""
+        total = self.send(nbytes)
+        busy = min(self._get("send").b * nbytes, total)
+        return busy, total - busy
+
     def merge(self, n: float) -> float:
         return self._get("merge")(n)
 
@@ -129,6 +158,15 @@ class CostModel:
         send = self._get("send")
         return 2 * (world - 1) * (send.a + send.b * 4 * n / world) \
             + (world - 1) * self.merge(n / world)
+
+    def allgather(self, nbytes: float, world: int) -> float:
+        """An all-gather of ``nbytes`` from each of ``world`` ranks: measured when the
+        world matches, else a tiny allreduce's latency plus the bytes of every peer."""
+        if world <= 1:
+            return 0.0
+        if world == self.world and "allgather" in self.costs:
+            return self.costs["allgather"](nbytes)
+        return self.allreduce(1, world) + (world - 1) * self.wire(nbytes)[0]
 
     def intra(self, nbytes: float) -> float:
         """Moving ``nbytes`` in a reduce-scatter or allgather inside a node of ``gpus``."""

@@ -31,8 +31,9 @@ __all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
 
 #: element counts swept for the compute primitives and the allreduce
 ELEMENTS = tuple(4 ** k for k in range(5, 12))       # 1,024 .. 4,194,304
-#: message sizes swept for point-to-point sends
-BYTES = tuple(4 ** k for k in range(5, 13))          # 1 KiB .. 16 MiB
+#: message sizes swept for point-to-point sends: up to the engine's largest (a 4 MiB
+#: partition); on shaped links a 16 MiB burst overflows the queue and runs at half rate
+BYTES = tuple(4 ** k for k in range(5, 12))          # 1 KiB .. 4 MiB
 
 
 def _max_over_ranks(transport: Transport, values: list[float]) -> list[float]:
@@ -59,7 +60,6 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
             times.append(time.perf_counter() - t0)
         medians.append(statistics.median(times))
     return Linear.fit(sizes, _max_over_ranks(transport, medians))
-
 
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
@@ -149,40 +149,64 @@ def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology:
     return Linear(max(slope - model_slope, 0.0), 0.0)
 
 
+def _allgather(transport: Transport, largest: int) -> Callable[[int], None]:
+    """An all-gather of ``nbytes`` from every rank, the collective that compress-and-
+    all-gather baselines send their payloads with (``casync.simulate``'s naive)."""
+    import torch
+
+    mine = torch.zeros(largest, dtype=torch.uint8)
+    outs = [torch.empty(largest, dtype=torch.uint8) for _ in range(transport.size)]
+
+    def run(nbytes: int) -> None:
+        transport.dist.all_gather([o[:nbytes] for o in outs], mine[:nbytes],
+                                  group=transport.group)
+
+    return run
+
+
 def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps: int,
-             send: Callable[[int], None]) -> float:
-    """How much of a ring send the CPU can spend computing: time a merge alone, a send
-    of about the same length alone, and both at once; 1 means fully parallel."""
-    n = x.size
+             send: Callable[[int], None], largest: int, seconds: float = 0.04) -> float:
+    """How much of its sends' time a rank can spend computing: time merges alone, sends
+    alone (each about ``seconds`` long: shorter runs drown in thread start-up and barrier
+    skew) and both at once, and compare; 1 means fully parallel, 0 fully serial."""
+    import threading
+
     work = np.zeros_like(x)
-    alone = costs["merge"](n)
+    merges = max(1, round(seconds / max(costs["merge"](x.size), 1e-6)))
     fit = costs["send"]
-    nbytes = int(min(max((alone - fit.a) / max(fit.b, 1e-15), 64 << 10), 16 << 20))
+    nbytes = int(min(max((seconds - fit.a) / max(fit.b, 1e-15), 64 << 10), largest))
+    sends = max(1, round(seconds / max(fit(nbytes), 1e-6)))
 
-    def merge_during_send(nb: int) -> None:
-        import threading
+    def compute() -> None:
+        for _ in range(merges):
+            P.merge(work, x)
 
-        thread = threading.Thread(target=send, args=(nb,))
+    def communicate() -> None:
+        for _ in range(sends):
+            send(nbytes)
+
+    def both() -> None:
+        thread = threading.Thread(target=communicate)
         thread.start()
-        P.merge(work, x)
+        compute()
         thread.join()
 
     results = []
-    for f in (lambda nb: P.merge(work, x), send, merge_during_send):
+    for f in (compute, communicate, both):
         times = []
         for _ in range(reps + 1):
             transport.dist.barrier(group=transport.group)
             t0 = time.perf_counter()
-            f(nbytes)
+            f()
             times.append(time.perf_counter() - t0)
         results.append(statistics.median(times[1:]))
     t_merge, t_send, t_both = _max_over_ranks(transport, results)
-    return max(-1.0, min(1.0, (t_merge + t_send - t_both) / max(min(t_merge, t_send), 1e-9)))
+    return max(0.0, min(1.0, (t_merge + t_send - t_both) / max(min(t_merge, t_send), 1e-9)))
 
 
 def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
             elements: tuple[int, ...] = ELEMENTS, message_bytes: tuple[int, ...] = BYTES,
-            reps: int = 3, target: str = "auto", error_feedback: bool | None = None,
+            reps: int = 5, target: str = "auto", error_feedback: bool | None = None,
             say: Callable[[str], Any] = lambda _: None) -> CostModel:
     """Profile the primitives on ``transport``'s group (a collective: call on every rank).
 
@@ -235,11 +259,14 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
 
         costs["send"] = _sweep(transport, message_bytes, reps, send)
         say(f"send: {costs['send']}")
+        costs["allgather"] = _sweep(transport, message_bytes, reps,
+                                    _allgather(transport, max(message_bytes)))
+        say(f"allgather: {costs['allgather']}")
         # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
         costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps,
                                     allreduce)
         say(f"allreduce: {costs['allreduce']}")
-        overlap = _overlap(transport, costs, x(max(elements)), reps, send)
+        overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
         say(f"compute/communication overlap: {overlap:.2f}")
         model = CostModel(transport.size, dict(costs), 1, {}, overlap)
         for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):

@@ -1,7 +1,8 @@
 """Predicted timelines: the cost model turned into stages on lanes, and lanes scheduled.
 
 A rank has a ``compute`` lane (codec kernels, merges), a ``net`` lane (its network
-link, full duplex: a stage costs the larger of what it sends and receives) and, with
+link, full duplex: a stage costs the larger of what it sends and receives; only a
+message's bytes hold the link, its fixed latency overlaps other messages) and, with
 several GPUs per node, an ``intra`` lane for traffic inside the node. A partition of a
 tensor becomes a *chain* of stages that run in order; a stage occupies its lane for
 ``busy`` seconds and then waits ``wait`` more seconds for work that other ranks do
@@ -97,29 +98,26 @@ def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: in
     def nbytes(v: float) -> float:
         return g * cost.nbytes(algo, v / g)
 
-    def mean(v: float) -> float:  # allgather scales the decoded sum into the average
-        return cost.merge(v / g)
-
     if topology == "ps":
-        y = nbytes(x)
-        full = cost.send((n - 1) * y)  # the aggregator's link carries N-1 payloads
+        # The aggregator's link carries N-1 payloads; this rank's lane carries its 1/N
+        # share of all the aggregators' bytes, and waits for the rest.
+        wire, latency = cost.wire((n - 1) * nbytes(x))
+        net = Stage("net", wire / n, wire - wire / n + latency)
         agg = (n - 1) * dec(x) + enc(x)
-        return [Stage("compute", enc(x) * share, enc(x) / n),
-                Stage("net", full / n, full - full / n),
-                Stage("compute", agg / n, agg - agg / n),
-                Stage("net", full / n, full - full / n),
+        return [Stage("compute", enc(x) * share, enc(x) / n), net,
+                Stage("compute", agg / n, agg - agg / n), net,
                 Stage("compute", dec(x))]  # the decode also averages
     if topology == "ring":
         c = x / n
-        hop = cost.send(nbytes(c))
+        hop = Stage("net", *cost.wire(nbytes(c)))
         out = [Stage("compute", enc(c))]
         for _ in range(n - 1):
-            out += [Stage("net", hop), Stage("compute", dec(c) + enc(c))]
-        out += [Stage("net", hop) for _ in range(n - 1)]
+            out += [hop, Stage("compute", dec(c) + enc(c))]
+        out += [hop for _ in range(n - 1)]
         return out + [Stage("compute", n * dec(c))]  # the decodes also average
     if topology == "allgather":
-        return [Stage("compute", enc(x)), Stage("net", cost.send((n - 1) * nbytes(x))),
-                Stage("compute", n * dec(x) + mean(x))]
+        return [Stage("compute", enc(x)), Stage("net", *cost.wire((n - 1) * nbytes(x))),
+                Stage("compute", n * dec(x))]  # the last decode also averages
     raise ValueError(f"no compressed chain for topology {topology!r}")
 
 
@@ -140,25 +138,37 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int,
         2
     """
     k = max(1, min(plan.partitions, numel))
-    out = []
+    out, beside = [], []
     for i in range(k):
         x = numel // k + (1 if i < numel % k else 0)
         inner = [Stage("intra", cost.intra(4 * x))] if cost.gpus > 1 else []
         post = list(inner)
         if world > 1 and plan.topology == "none":
-            # With several GPUs the node's shards cross its one link together.
-            inner.append(Stage("net", cost.allreduce(x, world)))
-            inner.append(Stage("compute", cost.merge(x / cost.gpus)))  # the average
-        elif world > 1:
+            # A collective runs alone on its group and its measured time already holds
+            # its own CPU work, so it stays whole on the link, one after another; the
+            # share of the cores it takes meanwhile is charged beside it. (With several
+            # GPUs the node's shards cross its one link together.)
+            busy = cost.allreduce(x, world)
+            out.append(inner + [Stage("net", busy),
+                                Stage("compute", cost.merge(x / cost.gpus))] + post)
+            beside.append([Stage("compute", (1 - _overlap(cost)) * busy)])
+            continue
+        if world > 1:
             assert plan.algorithm is not None
             inner += _codec_stages(cost, plan.topology, plan.algorithm, x, world)
         out.append(on_host(cost, inner + post))
     overhead = cost.costs.get(f"graph/{plan.topology}")
     if engine and overhead is not None:
         # The engine's own cost of running a graph (tasks, dispatch, messages), measured
-        # on one-partition graphs: each partition is such a sub-graph of its own.
-        out = [[Stage("compute", overhead.a), *chain] for chain in out]
-    return out
+        # on one-partition graphs: each partition is such a sub-graph of its own. It is
+        # spent on the cores while the sub-graph runs, as its tasks become ready, so it
+        # occupies the compute lane beside the chain rather than before it.
+        beside += [[Stage("compute", overhead.a)] for _ in out]
+    return beside + out
+
+
+def _overlap(cost: CostModel) -> float:
+    return min(max(cost.overlap, 0.0), 1.0)
 
 
 def on_host(cost: CostModel, chain: list[Stage]) -> list[Stage]:
@@ -169,7 +179,7 @@ def on_host(cost: CostModel, chain: list[Stage]) -> list[Stage]:
     compute lane first: o = 1 is a separate link, o = 0 — several ranks on few cores
     over loopback — puts all of it on the cores.
     """
-    o = min(max(cost.overlap, 0.0), 1.0)
+    o = _overlap(cost)
     if o >= 1.0:
         return chain
     out: list[Stage] = []

@@ -74,7 +74,7 @@ def profile_main(argv: list[str]) -> int:
                         default="loopback", help="paced: software pacing at --bandwidth; "
                         "shaped: namespaces with tc-shaped links (root)")
     parser.add_argument("--bandwidth", default="1gbit")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--target", default="auto", help="codec target: auto, cpu, ref")
     parser.add_argument("-o", "--out", type=Path, default=Path("profile.json"))
     args = parser.parse_args(argv)

@@ -39,6 +39,21 @@ def test_fit_recovers_a_and_b_from_noisy_timings():
     assert fit(0) >= fit.floor > 0
 
 
+def test_fit_prices_small_messages_and_the_bulk_rate_of_a_shaped_link():
+    """Sends measured between two namespaces on a 1 Gbit/s tc-tbf link (ms): messages
+    within the link's burst pass at once, the bulk runs at the shaped rate. A step sends
+    dozens of small messages and megabytes of bulk; the fit must price both."""
+    points = [(1024, 0.31), (4096, 0.41), (16384, 0.39), (65536, 0.40), (262144, 1.99),
+              (1048576, 10.64), (4194304, 39.87)]
+    xs = np.array([x for x, _ in points], float)
+    ts = np.array([t for _, t in points]) * 1e-3
+    fit = Linear.fit(xs, ts)
+    for x, t in points[:3]:
+        assert fit(x) == pytest.approx(t * 1e-3, rel=0.25), x
+    bulk = (ts[-1] - ts[-2]) / (xs[-1] - xs[-2])
+    assert fit.b == pytest.approx(bulk, rel=0.1)
+
+
 def test_fit_needs_two_sizes():
     with pytest.raises(ValueError, match="two distinct sizes"):
         Linear.fit([5, 5], [1.0, 2.0])
@@ -241,7 +256,7 @@ def test_simulate_benchmark_writes_results(tmp_path):
 @pytest.mark.parallel
 def test_profile_command_fits_every_primitive(tmp_path):
     out = tmp_path / "profile.json"
-    proc = _hipress("profile", "--ranks", "2", "--algorithms", "onebit", "--reps", "1",
+    proc = _hipress("profile", "--ranks", "2", "--algorithms", "onebit", "--reps", "3",
                     "-o", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cost = CostModel.load(out)
