@@ -358,6 +358,12 @@ class ExprRenderer:
 
     def call_randint(self, e: ir.Call) -> str:
         self.streams.add(e.stream)
+        hi = e.args[0]
+        if isinstance(hi, ir.Const) and type(hi.value) is int and 0 < hi.value < 2**32 \
+                and hi.value & (hi.value - 1) == 0:
+            # (h * 2^k) >> 32 is h >> (32 - k): a shift, not a 64-bit product per element
+            k = hi.value.bit_length() - 1
+            return f"(hp_hash(key_{e.stream}, {self.index}) >> {32 - k}u)" if k else "0u"
         return f"hp_randint(key_{e.stream}, {self.index}, {self.as_elem(e.args[0], 'u32')})"
 
     def length(self, e: ir.Expr) -> str:
