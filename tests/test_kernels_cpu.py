@@ -195,6 +195,29 @@ def test_dsl_names_cannot_inject_code():
     assert same_values(cpu.decode(ref.encode(x), 500), ref.decode(ref.encode(x), 500))
 
 
+def test_randint_draws_equal_the_reference_for_every_kind_of_bound():
+    """Powers of two render as a shift of the hash (1 as zero); other bounds as a 64-bit
+    product; parameters at run time. All must draw the reference's numbers."""
+    src = textwrap.dedent("""
+        param hi: u32 = 1000
+        encode(g: f32[]) -> bytes:
+            let a = map(g, x -> randint(1))
+            let b = map(g, x -> randint(2))
+            let c = map(g, x -> randint(2147483648))
+            let d = map(g, x -> randint(1000))
+            let e = map(g, x -> randint(hi))
+            return concat(a, b, c, d, e)
+        decode(p: bytes, n: u32) -> f32[n]:
+            let a: u32[n], b: u32[n], c: u32[n], d: u32[n], e: u32[n] = extract(p)
+            return map(a, b, c, d, e, (u, v, w, y, z) -> f32(u + v + w % 7 + y + z))
+    """)
+    prog = load_source(src, "draws.cll")
+    x = gradient(20_000)
+    for step in (0, 3):
+        assert same_bits(hipress.Codec(prog, "cpu", 5).encode(x, step=step),
+                         hipress.Codec(prog, "ref", 5).encode(x, step=step))
+
+
 def test_a_parameterised_build_is_cached():
     """A second build of one parameter set is a cache hit (build times: bench/kernels.py)."""
     art = build(load("qsgd", bits=4), "cpu", use_cache=True)
