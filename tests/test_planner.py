@@ -159,6 +159,10 @@ def test_plans_are_deterministic_and_survive_a_json_round_trip(tmp_path):
 @pytest.mark.parametrize("model,rate", [("resnet50", 1e9), ("vgg19", 1e9),
                                         ("bert-base", 25e9), ("resnet50", 100e9)])
 def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rate):
+    """No slower than fixed ps; than a fixed strategy over another topology, no slower
+    than it would be if it were predicted SWITCH_MARGIN faster than it is."""
+    from casync.planner import SWITCH_MARGIN
+
     cost = CostModel.cluster(4, 1, rate, ("onebit", "dgc"))
     grads = [Gradient(layer.name, layer.numel) for layer in layers(model)]
     planner = CostPlanner(cost, ("onebit", "dgc"))
@@ -168,7 +172,8 @@ def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rat
     for algo in ("onebit", "dgc"):
         for topo in ("ps", "ring", "allgather"):
             fixed = simulate(cost, 4, grads, "casync", planner=StaticPlanner(algo, topo)).end
-            assert fitted <= fixed * (1 + 1e-9), (algo, topo)
+            slack = 1.0 if topo == "ps" else 1 / (1 - SWITCH_MARGIN)
+            assert fitted <= fixed * slack * (1 + 1e-9), (algo, topo)
     # plan() follows the chosen whole-model plan
     name, n = grads[0].name, grads[0].numel
     assert planner.plan(name, n, 4) == chosen.plan(name, n, 4)
@@ -187,6 +192,28 @@ def test_a_greedy_plan_must_beat_the_fixed_ones_by_the_margin(rate):
         assert planner.predictions[planner.choice] < (1 - GREEDY_MARGIN) * fixed
     else:
         assert planner.predictions[planner.choice] == fixed
+
+
+def test_another_topology_must_beat_the_default_by_the_switch_margin(monkeypatch):
+    """A fixed strategy predicted 10 % faster than fixed ps does not displace it (the
+    model's errors are larger than that); one predicted 20 % faster does."""
+    import casync.simulate as sim
+    from casync.plan import StaticPlanner
+
+    times = {"ps": 1.0, "ring": 1.2, "allgather": 0.9}
+
+    def fake(cost, world, grads, strategy, planner=None, **kwargs):
+        end = times[planner.topology] if isinstance(planner, StaticPlanner) else 10.0
+        return sim.Result(strategy, end)
+
+    monkeypatch.setattr(sim, "simulate", fake)
+    planner = CostPlanner(CostModel.cluster(4, 1, 1e9, ("onebit",)), ("onebit",))
+    grads = [Gradient("g", 1 << 20)]
+    planner.fit(grads, 4)
+    assert planner.choice == "fixed onebit ps"
+    times["allgather"] = 0.8
+    planner.fit(grads, 4)
+    assert planner.choice == "fixed onebit allgather"
 
 
 def test_model_profiles_have_their_known_sizes():
