@@ -123,7 +123,9 @@ def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: in
 
 def chains(cost: CostModel, plan: Plan, numel: int, world: int,
            engine: bool = True) -> list[list[Stage]]:
-    """The stage chains of one tensor (or bucket) synchronized under ``plan``.
+    """The stage chains of one tensor (or bucket) synchronized under ``plan``: one per
+    partition, and before them one-stage chains of CPU work spent alongside (the
+    engine's per-graph cost, a collective's share of the cores), all ready together.
 
     Args:
         cost: the cost model.
@@ -134,7 +136,8 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int,
             baselines that do not run through the engine.
 
     Example:
-        >>> len(chains(cost, Plan("ring", "onebit", 2), 1 << 20, 4))
+        >>> cluster = CostModel.cluster(4, 1, 25e9)   # on paper: no per-graph cost
+        >>> len(chains(cluster, Plan("ring", "onebit", 2), 1 << 20, 4))
         2
     """
     k = max(1, min(plan.partitions, numel))
