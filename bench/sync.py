@@ -224,8 +224,12 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
                      "seconds": statistics.median(times[topo]), "all_seconds": times[topo],
                      "bytes_per_rank": (sync.transport.bytes_sent - sent0[topo])
                      / max(args.steps, 1)})
+        choice = getattr(sync.planner, "choice", "")  # what auto's whole-model plan is
+        if choice:
+            rows[-1]["plan"] = choice
         sync.close()
-        say(f"casync {algo} {topo}: {rows[-1]['seconds']:.3f} s")
+        say(f"casync {algo} {topo}: {rows[-1]['seconds']:.3f} s"
+            + (f" (planned: {choice})" if choice else ""))
     say(f"lower bound {algo}: {bound['seconds']:.3f} s (encode {enc * 1e3:.0f} ms, "
         f"decode {dec * 1e3:.0f} ms)")
     return rows
