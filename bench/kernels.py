@@ -42,10 +42,6 @@ RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE.parent))
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    return _interleaved({"fn": fn}, repeats)["fn"]
-
-
 def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
     """Median seconds of each function, timed in turn in every round, so that a burst of
     noise from outside this VM slows the reference and the subject alike."""

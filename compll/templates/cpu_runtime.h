@@ -122,9 +122,9 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
   (ops.finish(), ...);
 }
 
-// Every op evaluates its chunk into an L1-resident buffer first: that loop vectorises
-// (element functions are branch-free expressions), and the reduction or packing that
-// follows reads contiguous values.
+// Reductions and packings evaluate elements into an L1-resident buffer first: that loop
+// vectorises (element functions are branch-free expressions), and the reduction or
+// packing that follows reads contiguous values.
 template <class T, class F>
 inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const Stage& st) {
   for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) buf[i - lo] = (T)f(i, st);
@@ -132,7 +132,6 @@ inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const Stage
 
 typedef double hp_d8 __attribute__((vector_size(64)));
 typedef float hp_f8 __attribute__((vector_size(32)));
-typedef int32_t hp_i8 __attribute__((vector_size(32)));
 typedef uint8_t hp_u8x32 __attribute__((vector_size(32)));
 typedef char hp_i8x32 __attribute__((vector_size(32)));
 
