@@ -43,6 +43,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from hipress.distributed import destroy_process_group  # noqa: E402
 from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
 
@@ -318,7 +319,7 @@ def worker(args: argparse.Namespace) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
     dist.barrier()
-    dist.destroy_process_group()
+    destroy_process_group()
     return 0
 
 

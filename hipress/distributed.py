@@ -8,6 +8,7 @@ move data over ``torch.distributed`` (Gloo) through CaSync.
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -21,7 +22,8 @@ from .hosts import free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
            "gloo_group", "synchronizer", "EngineOptions", "average_arrays", "is_live",
-           "broadcast_arrays", "broadcast_object", "allgather_object", "shutdown"]
+           "broadcast_arrays", "broadcast_object", "allgather_object", "shutdown",
+           "destroy_process_group"]
 
 _state: dict[str, Any] = {"group": None, "initialized": False, "owns_group": False}
 _engines: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by shutdown()
@@ -241,7 +243,32 @@ def shutdown() -> None:
     for engine in list(_engines):
         engine.close()
     _engines.clear()
-    dist = _dist()
-    if _state["owns_group"] and dist.is_initialized():
-        dist.destroy_process_group()
+    if _state["owns_group"]:
+        destroy_process_group()
+    else:
+        _let_gloo_release()
     _state.update(group=None, initialized=False, owns_group=False)
+
+
+# How long the main thread lets go of the GIL before the interpreter may finalize.
+_GLOO_RELEASE_S = 0.05
+
+
+def _let_gloo_release() -> None:
+    """Give Gloo's worker threads the GIL to drop the work they finished.
+
+    A Gloo worker frees a finished collective's tensors after the caller has woken,
+    and freeing a tensor Python has seen takes the GIL. If the process exits before the
+    worker gets it, CPython ends that thread mid-destructor and the process aborts
+    ("terminate called without an active exception", pytorch/pytorch#179291). Those
+    workers are already queued on the GIL, so one short sleep lets them through.
+    """
+    time.sleep(_GLOO_RELEASE_S)
+
+
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group`` that is safe as a script's last step."""
+    dist = _dist()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _let_gloo_release()

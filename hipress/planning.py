@@ -45,6 +45,8 @@ def _profile_worker(args: argparse.Namespace) -> int:
     from casync.profiler import measure
     from casync.transport import Transport
 
+    from .distributed import destroy_process_group
+
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     transport = Transport()
     say = print if transport.rank == 0 else (lambda *_: None)
@@ -57,7 +59,7 @@ def _profile_worker(args: argparse.Namespace) -> int:
                                                  f"{cost.meta['host']}"))
         print(f"wrote {args.out}")
     dist.barrier()
-    dist.destroy_process_group()
+    destroy_process_group()
     return 0
 
 
