@@ -58,7 +58,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
     A repetition of a fast call runs it back to back for about ``BATCH_SECONDS``, and
     the fit takes the mean over all of them: a step pays the mean of its many small
     calls, and with several ranks sharing few cores that mean sits well above the
-    median (a small Gloo all-gather on 2 loopback ranks: median 0.3 ms, mean 0.5 to
+    median (a 1 KiB Gloo all-gather on 2 loopback ranks: median 0.3 ms, mean up to
     0.9 ms, from bursts of 4 ms stalls). Every rank runs the same count, as
     collectives require.
     """
