@@ -167,15 +167,27 @@ def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology:
     return Linear(max(slope - model_slope, 0.0), 0.0)
 
 
+#: floats merged before each timed all-gather (see ``_allgather``)
+_GATHER_WORK = 16384
+
+
 def _allgather(transport: Transport, largest: int) -> Callable[[int], None]:
     """An all-gather of ``nbytes`` from every rank, the collective that compress-and-
-    all-gather baselines send their payloads with (``casync.simulate``'s naive)."""
+    all-gather baselines send their payloads with (``casync.simulate``'s naive).
+
+    Each call follows a little codec-sized work (a merge of ``_GATHER_WORK`` floats,
+    about 10 µs), as the baselines call it: between collectives each rank computes, and
+    the next collective then waits for the later rank and for Gloo's threads to wake —
+    back-to-back calls without it measured half the mean.
+    """
     import torch
 
     mine = torch.zeros(largest, dtype=torch.uint8)
     outs = [torch.empty(largest, dtype=torch.uint8) for _ in range(transport.size)]
+    acc, x = np.zeros(_GATHER_WORK, np.float32), np.ones(_GATHER_WORK, np.float32)
 
     def run(nbytes: int) -> None:
+        P.merge(acc, x)
         transport.dist.all_gather([o[:nbytes] for o in outs], mine[:nbytes],
                                   group=transport.group)
 
