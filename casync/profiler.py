@@ -79,6 +79,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
         means.append(statistics.fmean(times))
     return Linear.fit(sizes, _max_over_ranks(transport, means))
 
+
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
 
