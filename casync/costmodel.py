@@ -49,12 +49,14 @@ class Linear:
         return max(self.a + self.b * x, self.floor)
 
     @classmethod
-    def fit(cls, xs: Any, ts: Any) -> Linear:
+    def fit(cls, xs: Any, ts: Any, fixed: str = "min") -> Linear:
         """Fit ``ts ≈ a + b·xs`` in its two regimes (Hockney's latency-bandwidth model):
         ``b`` by least squares over the larger half of the sizes, ``a`` as the smallest
         ``t - b·x`` over the smaller half (noise only ever adds time, and a spike in one
-        small collective made plain ps look slow enough for a worse plan to win); a
-        negative value is clamped to 0 and the smallest measured time becomes the floor.
+        small collective made plain ps look slow enough for a worse plan to win), or with
+        ``fixed="mean"`` as their mean (for a cost a strictly serial chain pays at every
+        call, spikes included); a negative value is clamped to 0 and the smallest
+        measured time becomes the floor.
 
         One line through every size lets the largest set the intercept too: a send's
         fixed cost came out at 5x the measured time of a 1 KiB message, and a step pays it
@@ -72,7 +74,10 @@ class Linear:
         (b, _), *_ = np.linalg.lstsq(np.stack([x[big], np.ones_like(x[big])], 1), t[big],
                                      rcond=None)
         b = max(float(b), 0.0)
-        a = max(float(np.min(t[small] - b * x[small])), 0.0)
+        if fixed not in ("min", "mean"):
+            raise ValueError(f"fixed must be 'min' or 'mean', not {fixed!r}")
+        reduce = np.min if fixed == "min" else np.mean
+        a = max(float(reduce(t[small] - b * x[small])), 0.0)
         resid = t - (a + b * x)
         spread = float(np.sum((t - t.mean()) ** 2))
         r2 = 1.0 - float(np.sum(resid ** 2)) / spread if spread > 0 else 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -49,35 +50,62 @@ def _max_over_ranks(transport: Transport, values: list[float]) -> list[float]:
 BATCH_SECONDS = 0.01
 #: at most this many calls per timed repetition
 MAX_BATCH = 64
+#: each size is timed for at least about this long in all: slow calls get more
+#: repetitions (up to 4x), or one stall in five decides their mean
+SAMPLE_SECONDS = 0.1
+#: repetitions slower than this many times their median are freezes of the host, not
+#: the cost of the call, and are left out of the mean (see ``_typical_mean``)
+FREEZE = 4.0
+
+
+def _typical_mean(times: list[float]) -> float:
+    """The mean of ``times`` without freezes (over ``FREEZE`` x the median).
+
+    Bursts of stalls a step pays on these shared cores stay in: they slowed a window of
+    calls by up to 3.3x its median. A freeze does not: one profile's 4M-element decode
+    came out at 6.8 ms against 1.1-1.4 ms in four others, which takes about 0.4 s more
+    over its 11 repetitions of 9 ms; and the bench that the profile predicts reports the
+    median step, which leaves out a step with such a freeze too.
+    """
+    limit = FREEZE * statistics.median(times)
+    return statistics.fmean([t for t in times if t <= limit])
 
 
 def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
-           run: Callable[[int], None]) -> Linear:
+           run: Callable[[int], None], seconds: float = BATCH_SECONDS,
+           fixed: str = "min") -> Linear:
     """Time ``run(size)`` on every rank at once; fit the slowest rank's means.
 
-    A repetition of a fast call runs it back to back for about ``BATCH_SECONDS``, and
-    the fit takes the mean over all of them: a step pays the mean of its many small
-    calls, and with several ranks sharing few cores that mean sits well above the
-    median (a 1 KiB Gloo all-gather on 2 loopback ranks: median 0.3 ms, mean up to
-    0.9 ms, from bursts of 4 ms stalls). Every rank runs the same count, as
-    collectives require.
+    A repetition of a fast call runs it back to back for about ``seconds`` (at most
+    ``MAX_BATCH`` calls per ``BATCH_SECONDS``); there are ``reps`` repetitions, more
+    for slow calls (``SAMPLE_SECONDS``), and the fit takes the mean over all of them:
+    a step pays the mean of its many small calls, and with several ranks sharing few
+    cores that mean sits well above the median (a 1 KiB Gloo all-gather on 2 loopback
+    ranks: median 0.3 ms, mean up to 0.9 ms, from bursts of 4 ms stalls). Every rank
+    runs the same count, as collectives require. Freezes of the host are left out
+    (``_typical_mean``). ``fixed`` is ``Linear.fit``'s rule for the fixed cost.
     """
+    most = max(1, round(MAX_BATCH * seconds / BATCH_SECONDS))
     means = []
     for size in sizes:
+        # Warm caches, pages, connections and residuals: the first two encodes with error
+        # feedback of a 4M-element tensor took 30 and 15 ms, the rest 7 ms.
+        run(size)
         t0 = time.perf_counter()
-        run(size)  # warm caches, pages and connections
+        run(size)
         first = _max_over_ranks(transport, [time.perf_counter() - t0])[0]
-        batch = int(min(max(BATCH_SECONDS // max(first, 1e-9), 1), MAX_BATCH))
+        batch = int(min(max(seconds // max(first, 1e-9), 1), most))
+        count = max(reps, min(4 * reps, math.ceil(SAMPLE_SECONDS / max(batch * first, 1e-9))))
         times = []
-        for _ in range(reps):
+        for _ in range(count):
             if transport.size > 1:
                 transport.dist.barrier(group=transport.group)
             t0 = time.perf_counter()
             for _ in range(batch):
                 run(size)
             times.append((time.perf_counter() - t0) / batch)
-        means.append(statistics.fmean(times))
-    return Linear.fit(sizes, _max_over_ranks(transport, means))
+        means.append(_typical_mean(times))
+    return Linear.fit(sizes, _max_over_ranks(transport, means), fixed)
 
 
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
@@ -170,6 +198,8 @@ def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology:
 
 #: floats merged before each timed all-gather (see ``_allgather``)
 _GATHER_WORK = 16384
+#: each timed repetition of an all-gather runs for about this long (see ``measure``)
+_GATHER_SECONDS = 0.06
 
 
 def _allgather(transport: Transport, largest: int) -> Callable[[int], None]:
@@ -199,7 +229,14 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
              send: Callable[[int], None], largest: int, seconds: float = 0.04) -> float:
     """How much of its sends' time a rank can spend computing: time merges alone, sends
     alone (each about ``seconds`` long: shorter runs drown in thread start-up and barrier
-    skew) and both at once, and compare; 1 means fully parallel, 0 fully serial."""
+    skew) and both at once, and compare; 1 means fully parallel, 0 fully serial.
+
+    Each round times the three back to back, in an order that rotates from round to
+    round, and yields one estimate from the slowest rank's times; the result is the
+    median over ``2 * reps`` rounds after a warm-up one.
+    Timing all of one kind, then all of the next, let a burst of stalls land on one
+    kind only: on 4 shaped ranks sharing 2 cores that swung it from 0 to 0.9.
+    """
     import threading
 
     work = np.zeros_like(x)
@@ -222,17 +259,20 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
         compute()
         thread.join()
 
-    results = []
-    for f in (compute, communicate, both):
-        times = []
-        for _ in range(reps + 1):
+    kinds = (compute, communicate, both)
+    times = []
+    for r in range(2 * reps + 1):
+        row = [0.0] * 3
+        for k in ((r + j) % 3 for j in range(3)):  # rotated: no kind always follows the same one
             transport.dist.barrier(group=transport.group)
             t0 = time.perf_counter()
-            f()
-            times.append(time.perf_counter() - t0)
-        results.append(statistics.median(times[1:]))
-    t_merge, t_send, t_both = _max_over_ranks(transport, results)
-    return max(0.0, min(1.0, (t_merge + t_send - t_both) / max(min(t_merge, t_send), 1e-9)))
+            kinds[k]()
+            row[k] = time.perf_counter() - t0
+        times += row
+    slowest = _max_over_ranks(transport, times)
+    estimates = [(m + s - b) / max(min(m, s), 1e-9)
+                 for m, s, b in zip(slowest[3::3], slowest[4::3], slowest[5::3], strict=True)]
+    return max(0.0, min(1.0, statistics.median(estimates)))
 
 
 def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
@@ -290,8 +330,12 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
 
         costs["send"] = _sweep(transport, message_bytes, reps, send)
         say(f"send: {costs['send']}")
+        # The naive baseline pays an all-gather's fixed cost twice per tensor, serially,
+        # spikes included: fit its mean, over a sample long enough to hold the spikes
+        # (on 4 ranks sharing 2 cores a 1 KiB all-gather takes 1.5 to 5 ms per 10 ms).
         costs["allgather"] = _sweep(transport, message_bytes, reps,
-                                    _allgather(transport, max(message_bytes)))
+                                    _allgather(transport, max(message_bytes)),
+                                    seconds=_GATHER_SECONDS, fixed="mean")
         say(f"allgather: {costs['allgather']}")
         # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
         costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps,

@@ -54,6 +54,23 @@ def test_fit_prices_small_messages_and_the_bulk_rate_of_a_shaped_link():
     assert fit.b == pytest.approx(bulk, rel=0.1)
 
 
+def test_fit_fixed_cost_as_minimum_or_mean_of_the_small_sizes():
+    """Small all-gathers on 4 ranks sharing 2 cores (ms): calls run fast or stall. The
+    default keeps the fast fixed cost; ``fixed="mean"`` the mean a serial chain pays."""
+    points = [(1024, 1.9), (4096, 4.1), (16384, 1.6), (65536, 3.5), (262144, 4.4),
+              (1048576, 9.3), (4194304, 20.0)]
+    xs = np.array([x for x, _ in points], float)
+    ts = np.array([t for _, t in points]) * 1e-3
+    low, mean = Linear.fit(xs, ts), Linear.fit(xs, ts, fixed="mean")
+    assert low.b == mean.b
+    small = ts[:3] - low.b * xs[:3]
+    assert low.a == pytest.approx(small.min())
+    assert mean.a == pytest.approx(small.mean())
+    assert mean.a > low.a
+    with pytest.raises(ValueError, match="'min' or 'mean'"):
+        Linear.fit(xs, ts, fixed="median")
+
+
 def test_fit_needs_two_sizes():
     with pytest.raises(ValueError, match="two distinct sizes"):
         Linear.fit([5, 5], [1.0, 2.0])
@@ -288,9 +305,13 @@ def test_profile_command_fits_every_primitive(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cost = CostModel.load(out)
     assert cost.world == 2
-    assert {"send", "allreduce", "merge", "encode/onebit", "decode/onebit",
+    assert {"send", "allreduce", "allgather", "merge", "encode/onebit", "decode/onebit",
             "bytes/onebit"} <= set(cost.costs)
     assert cost.costs["send"].b > 0 and cost.encode("onebit", 1 << 20) > 0
+    gather = cost.costs["allgather"]  # its fixed cost is the mean over the small sizes
+    small = [t - gather.b * x for x, t in gather.points[:len(gather.points) // 2]]
+    assert gather.a == pytest.approx(max(sum(small) / len(small), 0.0))
+    assert 0.0 <= cost.overlap <= 1.0
     assert "R²" in proc.stdout
 
 
@@ -319,3 +340,13 @@ def test_auto_plan_agrees_across_ranks_and_reuses_its_profile(tmp_path):
     assert all(r["rc"] == 0 for r in again), again[0]["log"][-3000:]
     assert again[0]["measured"] == first[0]["measured"]  # loaded, not measured again
     assert again[0]["plans"] == first[0]["plans"]
+
+
+def test_profile_means_keep_stall_bursts_and_drop_freezes():
+    from casync.profiler import FREEZE, _typical_mean
+
+    bursts = [1.0, 1.2, 3.3, 1.1, 2.9]  # windows of calls slowed by stalls: all kept
+    assert _typical_mean(bursts) == pytest.approx(sum(bursts) / len(bursts))
+    frozen = [1.0, 1.2, 1.1, 1.3, 1.0, 50.0]  # one repetition caught a host freeze
+    assert 50.0 > FREEZE * 1.15
+    assert _typical_mean(frozen) == pytest.approx(sum(frozen[:-1]) / 5)
