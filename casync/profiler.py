@@ -1,7 +1,7 @@
 """The profiler: measure each primitive on the real host and group, fit t(x) = a + b·x.
 
 Every rank runs every measurement at the same time (so the timings carry the CPU and
-link contention of a real step), and the slowest rank's median per size is fitted;
+link contention of a real step), and the slowest rank's mean per size is fitted;
 all ranks therefore hold the same ``CostModel``. ``cached`` runs it once per host,
 world and settings and keeps the result under the HiPress cache directory.
 """
@@ -235,7 +235,7 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
     round, and yields one estimate from the slowest rank's times; the result is the
     median over ``2 * reps`` rounds after a warm-up one.
     Timing all of one kind, then all of the next, let a burst of stalls land on one
-    kind only: on 4 shaped ranks sharing 2 cores that swung it from 0 to 0.9.
+    kind only: on 4 shaped ranks sharing 2 cores it came out anywhere from 0 to 1.0.
     """
     import threading
 
@@ -285,7 +285,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
         algorithms: codecs to time encode and decode for.
         elements, message_bytes: the size sweeps.
-        reps: timed repetitions per size (the median is kept).
+        reps: timed repetitions per size, at least (their mean is kept).
         target: codec target, as for ``hipress.codec``.
         error_feedback: time encodes with residuals (``None``: as the engine does,
             on for biased codecs).
