@@ -63,6 +63,8 @@ class Linear:
         for every message. And sizes that stay in a cache or inside a link's burst run
         faster per unit than the bulk does, so the small sizes must not set the slope.
         """
+        if fixed not in ("min", "mean"):
+            raise ValueError(f"fixed must be 'min' or 'mean', not {fixed!r}")
         x = np.asarray(xs, np.float64)
         t = np.asarray(ts, np.float64)
         if x.size < 2 or np.ptp(x) == 0:
@@ -74,8 +76,6 @@ class Linear:
         (b, _), *_ = np.linalg.lstsq(np.stack([x[big], np.ones_like(x[big])], 1), t[big],
                                      rcond=None)
         b = max(float(b), 0.0)
-        if fixed not in ("min", "mean"):
-            raise ValueError(f"fixed must be 'min' or 'mean', not {fixed!r}")
         reduce = np.min if fixed == "min" else np.mean
         a = max(float(reduce(t[small] - b * x[small])), 0.0)
         resid = t - (a + b * x)

@@ -233,9 +233,9 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
 
     Each round times the three back to back, in an order that rotates from round to
     round, and yields one estimate from the slowest rank's times; the result is the
-    median over ``2 * reps`` rounds after a warm-up one.
-    Timing all of one kind, then all of the next, let a burst of stalls land on one
-    kind only: on 4 shaped ranks sharing 2 cores it came out anywhere from 0 to 1.0.
+    median over ``2 * reps`` rounds after a warm-up one. Timing all of one kind, then
+    all of the next, let a burst of stalls land on one kind only: on 4 shaped ranks
+    sharing 2 cores it came out anywhere from 0 to 1.0.
     """
     import threading
 
