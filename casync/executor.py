@@ -160,6 +160,13 @@ class Executor:
             self._finish(graph)
         self._dispatch(ready)
 
+    def reject(self, graph: Graph, cause: BaseException) -> SyncError:
+        """Fail the step of a graph that could not be built (posting a receive to a
+        dead peer raises at once); returns the error every waiter now sees."""
+        self._fail(describe_failure(graph, None, cause, self.timeout), graph.step)
+        assert self.error is not None
+        return self.error
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

@@ -384,7 +384,6 @@ class Synchronizer:
                       self.step, self._tag, key, self._pool, bounds, buf)
         self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
         graph = Graph(label, self.step)
-        BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))
 
         def done() -> None:
             offset = 0
@@ -400,6 +399,12 @@ class Synchronizer:
                 if not entry.future.done():
                     entry.future.set_exception(error)
 
+        try:  # builders post the graph's receives
+            BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))
+        except RuntimeError as exc:  # Gloo's error for a peer already gone
+            error = self.executor.reject(graph, exc)
+            failed(error)
+            raise error from exc
         graph.on_done = done
         graph.on_error = failed
         self._step_graphs.append(graph)

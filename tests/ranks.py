@@ -139,7 +139,8 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 
 def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
-    """Rank ``victim`` dies or stalls in step 2; the others report what they raised."""
+    """Rank ``victim`` dies or stalls in step 2; the others report what they raised.
+    Mode ``gone``: it dies, and the others start step 2 only once it is gone."""
     import torch
 
     from casync import Synchronizer
@@ -150,9 +151,11 @@ def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     try:
         for step in range(4):
             if step == 2 and rank == args["victim"]:
-                if args["mode"] == "die":
+                if args["mode"] in ("die", "gone"):
                     os._exit(17)
                 time.sleep(args["timeout"] + 15)
+            if step == 2 and args["mode"] == "gone":
+                time.sleep(2.0)  # posting this step's receives then meets a closed peer
             start = time.monotonic()
             sync.submit("layer1.weight", torch.from_numpy(data(rank, 0, 300_000, step)))
             sync.submit("layer1.bias", torch.from_numpy(data(rank, 1, 100, step)))

@@ -198,7 +198,7 @@ def test_error_feedback_tracks_the_true_sum(tmp_path, topology):
 
 @pytest.mark.parallel
 @pytest.mark.parametrize("world,topology,mode", [(2, "ring", "die"), (4, "ps", "die"),
-                                                 (4, "ring", "stall")])
+                                                 (4, "ring", "stall"), (2, "ring", "gone")])
 def test_dead_or_stalled_peer_raises_sync_error(tmp_path, world, topology, mode):
     timeout, victim = 5.0, world - 1
     results = ranks.launch(world, "fault", tmp_path,
