@@ -36,6 +36,7 @@ class _Array:
     kind: str  # "lazy" (a lambda a_NAME), "packed" (bytes pk_NAME + count)
     elem: str
     length: str  # a C expression for the element count
+    value: ir.Expr | None = None  # what a lazy array computes; None: a plain load
 
 
 class ExprRenderer:

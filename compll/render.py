@@ -32,6 +32,8 @@ __all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "render"]
 _TEMPLATES = Path(__file__).parent / "templates"
 #: error feedback's r += g as a pass of its own (an encoder's ``g_in`` is the input)
 _ADD_RESIDUAL = "if (r_ptr) hp::add_into(r_ptr, g_in, n);"
+#: operators of a ``CRenderer.cheap`` element function
+_CHEAP_OPS = frozenset({"+", "-", "*", "<", "<=", ">", ">=", "==", "!=", "and", "or", "not"})
 
 
 class CRenderer(ExprRenderer):
@@ -39,6 +41,9 @@ class CRenderer(ExprRenderer):
 
     #: an encoder's error-feedback add (r += g) is not emitted yet
     residual_pending: bool = False
+    #: float reductions of ``cheap`` element functions skip the staging buffer (the CPU
+    #: runtime's SumF32 and ExtremeF32 take a DIRECT flag)
+    direct_reductions: bool = False
 
     # -- dependencies and fused passes ---------------------------------------------------------
     def deps_of(self, e: ir.Expr | None) -> set[str]:
@@ -161,7 +166,7 @@ class CRenderer(ExprRenderer):
         n = self.safe(name)
         length = self.length(e)
         self.place([f"auto a_{n} = {self.element_fn(e, e.ty.elem)};"], [name], self.deps_of(e))
-        self.arrays[name] = _Array("lazy", e.ty.elem, length)
+        self.arrays[name] = _Array("lazy", e.ty.elem, length, e)
 
     def bind_buffer(self, name: str, buf: str, elem: str, deps: set[str]) -> None:
         n = self.safe(name)
@@ -198,8 +203,10 @@ class CRenderer(ExprRenderer):
         self.open_pass(self.length(a), deps)
         if elem in FLOATS:
             fn = self.keyed_fn(e, a, "f32", staged=True)
-            call = (f"hp::sum_f32({fn}, &{c})" if op.name == "sum"
-                    else f"hp::extreme_f32<{is_max}>({fn}, &{c})")
+            key = e.kwarg("key")
+            direct = self.direct_reductions and self.cheap(a) and (key is None or self.cheap(key))
+            call = (f"hp::sum_f32{'<true>' if direct else ''}({fn}, &{c})" if op.name == "sum"
+                    else f"hp::extreme_f32<{is_max}{', true' if direct else ''}>({fn}, &{c})")
         elif op.name == "sum":
             fn = self.keyed_fn(e, a, elem, staged=True)
             call = f"hp::sum_int<{self.ctype(out)}>({fn}, &{c})"
@@ -209,6 +216,31 @@ class CRenderer(ExprRenderer):
         self.emit(f"{self.ctype(out)} {c};")
         self.scalars[name] = c
         self.add_op(call, [name], deps)
+
+    def cheap(self, e: ir.Expr, bound: frozenset[str] = frozenset()) -> bool:
+        """Whether ``e``'s elements are float loads joined by +, -, *, comparisons, abs
+        and selects: a reduction can evaluate those straight into vector registers
+        (``direct_reductions``); others are staged through a buffer in L1."""
+        if isinstance(e, ir.Const):
+            return True
+        if isinstance(e, ir.Lambda):
+            return self.cheap(e.body, bound | set(e.params))
+        if e.ty is None or e.ty.elem not in ("f32", "bool"):
+            return False
+        if isinstance(e, ir.Var):
+            if e.name in bound or e.name in self.scalars:
+                return True
+            arr = self.arrays.get(e.name)
+            return (arr is not None and arr.kind == "lazy"
+                    and (arr.value is None or self.cheap(arr.value)))
+        if isinstance(e, (ir.Unary, ir.Binary)):
+            return e.op in _CHEAP_OPS and all(self.cheap(x, bound) for x in operands(e))
+        if isinstance(e, ir.Select):
+            return all(self.cheap(x, bound) for x in operands(e))
+        if isinstance(e, ir.Call):
+            return (e.fn in ("abs", "map") and not e.kwargs
+                    and all(self.cheap(x, bound) for x in e.args))
+        return False
 
     def let_selection(self, s: ir.Let, e: ir.Call, call: str, elem: str) -> None:
         """Emit a barrier operator producing (indices,) values buffers."""
@@ -554,6 +586,7 @@ class CpuRenderer(CRenderer):
     target = "cpu"
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
+    direct_reductions = True
 
 
 class CudaRenderer(CRenderer):

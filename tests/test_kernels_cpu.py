@@ -223,3 +223,42 @@ def test_a_parameterised_build_is_cached():
     art = build(load("qsgd", bits=4), "cpu", use_cache=True)
     again = build(load("qsgd", bits=4), "cpu", use_cache=True)
     assert again.cached and art.library.exists()
+
+
+def test_cheap_reductions_skip_the_staging_buffer_and_still_match_the_reference():
+    """Float reductions of loads, +, -, *, comparisons, abs and selects evaluate straight
+    into vector registers (``DIRECT``); draws, divisions and casts are staged. Either
+    way the sums keep the defined order and max/min skip NaN, bit for bit."""
+    from compll.render import render
+
+    src = textwrap.dedent("""
+        encode(g: f32[]) -> bytes:
+            let pos = map(g, x -> if x >= 0.0 then x else 0.0)
+            let a = reduce(g, min)
+            let b = reduce(g, max, key=abs)
+            let c = reduce(pos, sum)
+            let d = reduce(g, sum, key=x -> x * x - 0.5 * x)
+            let e = reduce(map(g, x -> x * random()), sum)
+            let f = reduce(g, max, key=x -> x / 3.0)
+            let h = reduce(map(g, x -> f32(i32(x * 1000.0))), min)
+            return concat(a, b, c, d, e, f, h)
+        decode(p: bytes, n: u32) -> f32[n]:
+            let a: f32, b: f32, c: f32, d: f32, e: f32, f: f32, h: f32 = extract(p)
+            return map(iota(n), i -> a + b + c + d + e + f + h)
+    """)
+    prog = load_source(src, "reductions.cll")
+    source = render(prog, "cpu")
+    assert source.count("hp::extreme_f32<false, true>") == 1      # a
+    assert source.count("hp::extreme_f32<true, true>") == 1       # b
+    assert source.count("hp::sum_f32<true>") == 2                 # c, d
+    assert source.count("hp::sum_f32(") == 1                      # e: the RNG
+    assert source.count("hp::extreme_f32<true>(") == 1            # f: a division
+    assert source.count("hp::extreme_f32<false>(") == 1           # h: casts
+    cpu, ref = hipress.Codec(prog, "cpu", 3), hipress.Codec(prog, "ref", 3)
+    for kind in ("random", "zeros", "special"):
+        for n in (0, 1, 31, 33, 8191, 8193, 70_001):
+            x = adversarial(kind, n)
+            assert same_bits(cpu.encode(x, step=1), ref.encode(x, step=1)), (kind, n)
+    x = np.full(20_000, np.nan, np.float32)  # all-NaN chunks, then a finite tail
+    x[-5:] = [1.0, -2.0, np.inf, 0.0, -0.0]
+    assert same_bits(cpu.encode(x, step=1), ref.encode(x, step=1))
