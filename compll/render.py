@@ -228,7 +228,8 @@ class CRenderer(ExprRenderer):
         if e.ty is None or e.ty.elem not in ("f32", "bool"):
             return False
         if isinstance(e, ir.Var):
-            if e.name in bound or e.name in self.scalars:
+            if e.name in bound or e.name in self.scalars \
+                    or e.name in dict(self.program.param_values):
                 return True
             arr = self.arrays.get(e.name)
             return (arr is not None and arr.kind == "lazy"

@@ -232,10 +232,11 @@ def test_cheap_reductions_skip_the_staging_buffer_and_still_match_the_reference(
     from compll.render import render
 
     src = textwrap.dedent("""
+        param w: f32 = 0.5
         encode(g: f32[]) -> bytes:
             let pos = map(g, x -> if x >= 0.0 then x else 0.0)
             let a = reduce(g, min)
-            let b = reduce(g, max, key=abs)
+            let b = reduce(g, max, key=x -> abs(x) * w)
             let c = reduce(pos, sum)
             let d = reduce(g, sum, key=x -> x * x - 0.5 * x)
             let e = reduce(map(g, x -> x * random()), sum)

@@ -145,8 +145,8 @@ constexpr uint64_t SUB_BLOCK = 512;  // compll/interpreter.py SUM_BLOCK: divides
 // widened into the lane's f64 total; adjacent lanes combine pairwise up a tree; chunks
 // add in order; the total rounds once to f32. The 32 lanes are four 8-wide vectors.
 //
-// DIRECT (the renderer's choice, for element functions of loads, +, -, *, abs, min, max
-// and selects) fills each vector from f itself, 8 calls the compiler turns into vector
+// DIRECT (the renderer's choice, for element functions of loads, +, -, *, comparisons,
+// abs and selects) fills each vector from f itself, 8 calls the compiler turns into vector
 // operations: without the staging buffer's store and reload a pass over memory ran 10 to
 // 25 % faster. Other functions (the RNG, casts, divisions) only vectorise as a loop, so
 // they are staged.
@@ -160,7 +160,6 @@ struct SumF32 {
     const F f = this->f;
     hp_d8 acc[4];
     for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
-    alignas(64) float buf[DIRECT ? 1 : SUB_BLOCK];
     for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
       const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
       hp_f8 p[4];
@@ -179,6 +178,7 @@ struct SumF32 {
         // come last in their lanes.
         for (uint32_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + whole + l, st);
       } else {
+        alignas(64) float buf[SUB_BLOCK];
         eval_chunk(buf, s, s + len, f, st);
         for (uint64_t j = 0; j < whole; j += 32) {
           for (int k = 0; k < 4; ++k) {
