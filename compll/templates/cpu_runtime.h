@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #define HP_BITCOPY(dst, src, n) std::memcpy((dst), (src), (n))
@@ -256,7 +257,8 @@ struct ExtremeF32 {
     float best = init;
     if constexpr (DIRECT) {
       uint32_t i = (uint32_t)lo;
-      for (; (uint64_t)i + 32 <= hi; i += 32) {  // 64-bit: i + 32 can pass 2^32 - 1
+      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, 0xFFFFFF80u);  // as in filter
+      for (; i + 32 <= lim; i += 32) {
         for (int k = 0; k < 4; ++k) {
           hp_f8 v;
           for (uint32_t l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
@@ -487,7 +489,9 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
       // pass ran 2.8x faster than compacting every element.
       alignas(64) uint8_t keep[64];
       uint32_t i = (uint32_t)lo;
-      for (; (uint64_t)i + 64 <= hi; i += 64) {  // 64-bit: i + 64 can pass 2^32 - 1
+      // i + 64 stays below 2^32 (written this way, the predicate's loads stay contiguous)
+      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, 0xFFFFFF80u);
+      for (; i + 64 <= lim; i += 64) {
         const uint32_t end = i + 64;
         for (uint32_t j = i; j < end; ++j) keep[j - i] = pred(j) ? 1 : 0;
         uint64_t w[8];
@@ -554,9 +558,19 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
     const double thr = topk_threshold(s, k, len);
     if (thr == thr) {
       std::vector<uint32_t> picked;
-      filter<uint32_t>(
-          len, [](uint64_t i) { return (uint32_t)i; },
-          [&](uint64_t i) { return (double)key(i) >= thr; }, nullptr, &picked);
+      // thr is one of the sampled keys, so a float key compares exactly as a float (a
+      // conversion to double per element made this pass a third slower).
+      using KeyT = decltype(key(0));
+      if constexpr (std::is_same_v<KeyT, float>) {
+        const float t = (float)thr;
+        filter<uint32_t>(
+            len, [](uint64_t i) { return (uint32_t)i; },
+            [=](uint64_t i) { return key(i) >= t; }, nullptr, &picked);
+      } else {
+        filter<uint32_t>(
+            len, [](uint64_t i) { return (uint32_t)i; },
+            [=](uint64_t i) { return (double)key(i) >= thr; }, nullptr, &picked);
+      }
       if (picked.size() >= k) cand = std::move(picked);
     }
   }
