@@ -44,6 +44,11 @@ class CRenderer(ExprRenderer):
     #: float reductions of ``cheap`` element functions skip the staging buffer (the CPU
     #: runtime's SumF32 and ExtremeF32 take a DIRECT flag)
     direct_reductions: bool = False
+    #: a min and a max of the same elements in one pass become one ``hp::minmax_f32``
+    merged_extremes: bool = False
+    #: the open pass's float min/max ops, by (operand, key) shape: (index in pass_ops,
+    #: "min" or "max", result variable, element function, direct)
+    pass_extremes: dict[tuple[object, object], tuple[int, str, str, str, bool]]
 
     # -- dependencies and fused passes ---------------------------------------------------------
     def deps_of(self, e: ir.Expr | None) -> set[str]:
@@ -107,7 +112,7 @@ class CRenderer(ExprRenderer):
         for line in self.deferred:
             self.emit(line)
         self.pass_len, self.pass_ops, self.deferred = None, [], []
-        self.pass_stage = []
+        self.pass_stage, self.pass_extremes = [], {}
         self.pending, self.deferred_names = set(), set()
 
     def settle_residual(self) -> None:
@@ -205,8 +210,17 @@ class CRenderer(ExprRenderer):
             fn = self.keyed_fn(e, a, "f32", staged=True)
             key = e.kwarg("key")
             direct = self.direct_reductions and self.cheap(a) and (key is None or self.cheap(key))
+            if op.name != "sum" and self.merge_extreme(a, key, op.name, c, direct):
+                self.emit(f"{self.ctype(out)} {c};")
+                self.scalars[name] = c
+                self.pending.add(name)
+                self.deps[name] = set(deps)
+                return
             call = (f"hp::sum_f32{'<true>' if direct else ''}({fn}, &{c})" if op.name == "sum"
                     else f"hp::extreme_f32<{is_max}{', true' if direct else ''}>({fn}, &{c})")
+            if op.name != "sum":
+                self.pass_extremes[(_shape(a), _shape(key))] = (len(self.pass_ops), op.name,
+                                                                c, fn, direct)
         elif op.name == "sum":
             fn = self.keyed_fn(e, a, elem, staged=True)
             call = f"hp::sum_int<{self.ctype(out)}>({fn}, &{c})"
@@ -216,6 +230,21 @@ class CRenderer(ExprRenderer):
         self.emit(f"{self.ctype(out)} {c};")
         self.scalars[name] = c
         self.add_op(call, [name], deps)
+
+    def merge_extreme(self, a: ir.Expr, key: ir.Expr | None, kind: str, var: str,
+                      direct: bool) -> bool:
+        """Join a float min (max) to the open pass's max (min) of the same elements, as
+        one ``hp::minmax_f32`` that evaluates them once; False where there is none."""
+        if not self.merged_extremes:
+            return False
+        found = self.pass_extremes.get((_shape(a), _shape(key)))
+        if found is None or found[1] == kind or found[4] != direct:
+            return False
+        index, _, other, fn, _ = found
+        lo, hi = (var, other) if kind == "min" else (other, var)
+        self.pass_ops[index] = f"hp::minmax_f32{'<true>' if direct else ''}({fn}, &{lo}, &{hi})"
+        del self.pass_extremes[(_shape(a), _shape(key))]
+        return True
 
     def cheap(self, e: ir.Expr, bound: frozenset[str] = frozenset()) -> bool:
         """Whether ``e``'s elements are float loads joined by +, -, *, comparisons, abs
@@ -547,7 +576,7 @@ class CRenderer(ExprRenderer):
         self.arrays, self.scalars, self.deps = {}, {}, {}
         self.pass_len, self.pass_ops, self.deferred = None, [], []
         self.pending, self.deferred_names = set(), set()
-        self.pass_stage, self.stage_index = [], None
+        self.pass_stage, self.stage_index, self.pass_extremes = [], None, {}
         self.residual_pending = False
 
     def with_keys(self, lines: list[str]) -> list[str]:
@@ -588,6 +617,7 @@ class CpuRenderer(CRenderer):
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
     direct_reductions = True
+    merged_extremes = True
 
 
 class CudaRenderer(CRenderer):
@@ -597,6 +627,19 @@ class CudaRenderer(CRenderer):
     template = "cuda_kernel.cu.j2"
     lam = "[=] __device__"
     rint = "rintf"
+
+
+def _shape(node: object) -> object:
+    """An IR node's structure without source positions and types: two reductions over
+    the same elements have the same shape."""
+    if isinstance(node, (list, tuple)):
+        return tuple(_shape(x) for x in node)
+    if dataclasses.is_dataclass(node):
+        return (type(node).__name__, *(_shape(getattr(node, f.name))
+                                       for f in dataclasses.fields(node)
+                                       if f.name not in ("pos", "ty", "operand_ty",
+                                                         "param_types", "annotation_pos")))
+    return node
 
 
 def _calls(node: object, fn: str) -> bool:

@@ -232,29 +232,42 @@ template <class T, class F>
 SumInt<T, F> sum_int(F f, T* out) { return {f, out, {}}; }
 
 // max/min over floats ignore NaN; a zero result is +0; all-NaN gives the canonical NaN;
-// empty gives -inf / +inf. DIRECT as for SumF32.
-template <bool IS_MAX, class F, bool DIRECT>
+// empty gives -inf / +inf. MIN and MAX say which the op computes: both (minmax8's min and
+// max of the gradient, ``minmax_f32``) share one evaluation of f. DIRECT as for SumF32.
+template <bool MIN, bool MAX, class F, bool DIRECT>
 struct ExtremeF32 {
   F f;
-  float* out;
-  std::vector<float> part;
+  float* lo_out;  // when MIN
+  float* hi_out;  // when MAX
+  std::vector<float> lo_part, hi_part;
   std::vector<uint8_t> all_nan;
   void start(uint64_t, int64_t chunks) {
-    part.assign((size_t)chunks, IS_MAX ? -HP_INF : HP_INF);
+    lo_part.assign((size_t)chunks, HP_INF);
+    hi_part.assign((size_t)chunks, -HP_INF);
     all_nan.assign((size_t)chunks, 1);
   }
-  static hp_f8 pick(hp_f8 v, hp_f8 a) { return IS_MAX ? (v > a ? v : a) : (v < a ? v : a); }
-  static float pick(float v, float a) { return IS_MAX ? hp_fmax(a, v) : hp_fmin(a, v); }
+  static hp_f8 vmin(hp_f8 v, hp_f8 a) { return v < a ? v : a; }
+  static hp_f8 vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    // Four independent 8-lane accumulators, so the loop runs at load speed rather than
-    // at the latency of one chain of compares. A NaN never wins a comparison, so it is
-    // skipped with no extra work; max/min of the rest is order-free (a zero result is
-    // made +0 at the end).
+    // Four independent 8-lane accumulators per result, so the loop runs at load speed
+    // rather than at the latency of one chain of compares. A NaN never wins a
+    // comparison, so it is skipped with no extra work; max/min of the rest is order-free
+    // (a zero result is made +0 at the end).
     const F f = this->f;
-    const float init = IS_MAX ? -HP_INF : HP_INF;
-    hp_f8 acc[4];
-    for (hp_f8& a : acc) a = hp_f8{init, init, init, init, init, init, init, init};
-    float best = init;
+    hp_f8 mn[4], mx[4];
+    for (int k = 0; k < 4; ++k) {
+      mn[k] = hp_f8{HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF};
+      mx[k] = -mn[k];
+    }
+    float bmin = HP_INF, bmax = -HP_INF;
+    auto group = [&](const hp_f8& v, int k) {
+      if constexpr (MIN) mn[k] = vmin(v, mn[k]);
+      if constexpr (MAX) mx[k] = vmax(v, mx[k]);
+    };
+    auto one = [&](float x) {
+      if constexpr (MIN) bmin = hp_fmin(bmin, x);
+      if constexpr (MAX) bmax = hp_fmax(bmax, x);
+    };
     if constexpr (DIRECT) {
       uint32_t i = (uint32_t)lo;
       const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, 0xFFFFFF80u);  // as in filter
@@ -262,10 +275,10 @@ struct ExtremeF32 {
         for (int k = 0; k < 4; ++k) {
           hp_f8 v;
           for (uint32_t l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
-          acc[k] = pick(v, acc[k]);
+          group(v, k);
         }
       }
-      for (; i < (uint32_t)hi; ++i) best = pick((float)f(i, st), best);
+      for (; i < (uint32_t)hi; ++i) one((float)f(i, st));
     } else {
       alignas(64) float buf[SUB_BLOCK];
       for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
@@ -276,33 +289,45 @@ struct ExtremeF32 {
           for (int k = 0; k < 4; ++k) {
             hp_f8 v;
             std::memcpy(&v, buf + j + 8 * k, 32);
-            acc[k] = pick(v, acc[k]);
+            group(v, k);
           }
         }
-        for (; j < len; ++j) best = pick(buf[j], best);
+        for (; j < len; ++j) one(buf[j]);
       }
     }
-    for (const hp_f8& a : acc)
-      for (int l = 0; l < 8; ++l) best = pick(a[l], best);
-    part[(size_t)c] = best;
-    // Only a chunk whose result is still the initial value can be all NaN: count then.
+    for (int k = 0; k < 4; ++k)
+      for (int l = 0; l < 8; ++l) {
+        if constexpr (MIN) bmin = hp_fmin(bmin, mn[k][l]);
+        if constexpr (MAX) bmax = hp_fmax(bmax, mx[k][l]);
+      }
+    lo_part[(size_t)c] = bmin;
+    hi_part[(size_t)c] = bmax;
+    // Only a chunk whose results are still the initial values can be all NaN: count then.
     uint64_t nans = 0;
-    if (best == init)
+    if ((!MIN || bmin == HP_INF) && (!MAX || bmax == -HP_INF))
       for (uint64_t i = lo; i < hi; ++i) nans += hp_isnan((float)f(i, st));
     all_nan[(size_t)c] = nans == hi - lo;
   }
   void finish() {
-    float best = IS_MAX ? -HP_INF : HP_INF;
-    bool nan_only = !part.empty();
-    for (size_t c = 0; c < part.size(); ++c) {
-      best = pick(part[c], best);
+    float bmin = HP_INF, bmax = -HP_INF;
+    bool nan_only = !lo_part.empty();
+    for (size_t c = 0; c < lo_part.size(); ++c) {
+      bmin = hp_fmin(bmin, lo_part[c]);
+      bmax = hp_fmax(bmax, hi_part[c]);
       nan_only = nan_only && all_nan[c];
     }
-    *out = nan_only ? HP_NAN : (best == 0.0f ? 0.0f : best);
+    if constexpr (MIN) *lo_out = nan_only ? HP_NAN : (bmin == 0.0f ? 0.0f : bmin);
+    if constexpr (MAX) *hi_out = nan_only ? HP_NAN : (bmax == 0.0f ? 0.0f : bmax);
   }
 };
 template <bool IS_MAX, bool DIRECT = false, class F>
-ExtremeF32<IS_MAX, F, DIRECT> extreme_f32(F f, float* out) { return {f, out, {}, {}}; }
+ExtremeF32<!IS_MAX, IS_MAX, F, DIRECT> extreme_f32(F f, float* out) {
+  return {f, IS_MAX ? nullptr : out, IS_MAX ? out : nullptr, {}, {}, {}};
+}
+template <bool DIRECT = false, class F>
+ExtremeF32<true, true, F, DIRECT> minmax_f32(F f, float* lo, float* hi) {
+  return {f, lo, hi, {}, {}, {}};
+}
 
 template <bool IS_MAX, class T, class F>
 struct ExtremeInt {
