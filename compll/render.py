@@ -88,11 +88,13 @@ class CRenderer(ExprRenderer):
             self.flush()
         self.pass_len = length
 
-    def add_op(self, op: str, produces: list[str], deps: set[str]) -> None:
-        """Join a loop operation (rendered after ``open_pass``) to the open pass."""
+    def add_op(self, op: str | None, produces: list[str], deps: set[str]) -> None:
+        """Join a loop operation (rendered after ``open_pass``) to the open pass; ``None``:
+        an op already in the pass now also produces ``produces``."""
         for line in self.take_hoisted():
             self.emit(line)
-        self.pass_ops.append(op)
+        if op is not None:
+            self.pass_ops.append(op)
         self.pending.update(produces)
         for name in produces:
             self.deps[name] = set(deps)
@@ -210,17 +212,13 @@ class CRenderer(ExprRenderer):
             fn = self.keyed_fn(e, a, "f32", staged=True)
             key = e.kwarg("key")
             direct = self.direct_reductions and self.cheap(a) and (key is None or self.cheap(key))
-            if op.name != "sum" and self.merge_extreme(a, key, op.name, c, direct):
-                self.emit(f"{self.ctype(out)} {c};")
-                self.scalars[name] = c
-                self.pending.add(name)
-                self.deps[name] = set(deps)
-                return
-            call = (f"hp::sum_f32{'<true>' if direct else ''}({fn}, &{c})" if op.name == "sum"
-                    else f"hp::extreme_f32<{is_max}{', true' if direct else ''}>({fn}, &{c})")
-            if op.name != "sum":
-                self.pass_extremes[(_shape(a), _shape(key))] = (len(self.pass_ops), op.name,
-                                                                c, fn, direct)
+            call: str | None
+            if op.name == "sum":
+                call = f"hp::sum_f32{'<true>' if direct else ''}({fn}, &{c})"
+            elif self.merge_extreme((_shape(a), _shape(key)), op.name, c, fn, direct):
+                call = None  # the open pass's opposite extreme now computes this one too
+            else:
+                call = f"hp::extreme_f32<{is_max}{', true' if direct else ''}>({fn}, &{c})"
         elif op.name == "sum":
             fn = self.keyed_fn(e, a, elem, staged=True)
             call = f"hp::sum_int<{self.ctype(out)}>({fn}, &{c})"
@@ -231,19 +229,19 @@ class CRenderer(ExprRenderer):
         self.scalars[name] = c
         self.add_op(call, [name], deps)
 
-    def merge_extreme(self, a: ir.Expr, key: ir.Expr | None, kind: str, var: str,
+    def merge_extreme(self, shape: tuple[object, object], kind: str, var: str, fn: str,
                       direct: bool) -> bool:
-        """Join a float min (max) to the open pass's max (min) of the same elements, as
-        one ``hp::minmax_f32`` that evaluates them once; False where there is none."""
-        if not self.merged_extremes:
-            return False
-        found = self.pass_extremes.get((_shape(a), _shape(key)))
+        """Join a float min (max) of the elements ``shape`` (operand, key) to the open
+        pass's max (min) of the same, as one ``hp::minmax_f32`` that evaluates them once.
+        False where there is none; the caller then adds its own op, remembered here."""
+        found = self.pass_extremes.get(shape) if self.merged_extremes else None
         if found is None or found[1] == kind or found[4] != direct:
+            self.pass_extremes[shape] = (len(self.pass_ops), kind, var, fn, direct)
             return False
-        index, _, other, fn, _ = found
+        index, _, other, first_fn, _ = self.pass_extremes.pop(shape)
         lo, hi = (var, other) if kind == "min" else (other, var)
-        self.pass_ops[index] = f"hp::minmax_f32{'<true>' if direct else ''}({fn}, &{lo}, &{hi})"
-        del self.pass_extremes[(_shape(a), _shape(key))]
+        self.pass_ops[index] = (f"hp::minmax_f32{'<true>' if direct else ''}"
+                                f"({first_fn}, &{lo}, &{hi})")
         return True
 
     def cheap(self, e: ir.Expr, bound: frozenset[str] = frozenset()) -> bool:

@@ -28,6 +28,10 @@ using buffer = std::vector<T>;
 
 constexpr uint64_t SUM_CHUNK = 8192;  // compll/interpreter.py SUM_CHUNK
 constexpr int64_t GRAIN = 1 << 16;    // elements per parallel block in scans
+// Loops over groups of up to 64 elements run `for (; i + G <= lim; i += G)` in 32 bits, so
+// the element loads stay contiguous (a 64-bit bound made GCC load them one by one); with
+// lim = min(hi, GROUP_LIMIT), i + G cannot wrap.
+constexpr uint32_t GROUP_LIMIT = 0xFFFFFF80u;
 
 inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
 
@@ -270,7 +274,7 @@ struct ExtremeF32 {
     };
     if constexpr (DIRECT) {
       uint32_t i = (uint32_t)lo;
-      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, 0xFFFFFF80u);  // as in filter
+      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
       for (; i + 32 <= lim; i += 32) {
         for (int k = 0; k < 4; ++k) {
           hp_f8 v;
@@ -514,8 +518,7 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
       // pass ran 2.8x faster than compacting every element.
       alignas(64) uint8_t keep[64];
       uint32_t i = (uint32_t)lo;
-      // i + 64 stays below 2^32 (written this way, the predicate's loads stay contiguous)
-      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, 0xFFFFFF80u);
+      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
       for (; i + 64 <= lim; i += 64) {
         const uint32_t end = i + 64;
         for (uint32_t j = i; j < end; ++j) keep[j - i] = pred(j) ? 1 : 0;
