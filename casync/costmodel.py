@@ -7,8 +7,8 @@ figures. The planner and the simulator read nothing else.
 
 Keys: ``send`` (seconds per message of x bytes between two ranks while every rank
 sends), ``allreduce`` (seconds for x float32 elements over the measured world),
-``allgather`` (seconds for an all-gather of x bytes from every rank, what naive
-compress-and-all-gather baselines use),
+``exchange`` (seconds for a compress-and-all-gather baseline's exchange of x payload
+bytes per rank: an all-gather of the payload sizes, then one of the payloads),
 ``merge`` (x elements added in place), ``encode/ALGO`` and ``decode/ALGO`` (x elements),
 ``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` (the engine's own
 cost per graph beyond its primitives: building it, dispatching its tasks) and, for
@@ -164,14 +164,15 @@ class CostModel:
         return 2 * (world - 1) * (send.a + send.b * 4 * n / world) \
             + (world - 1) * self.merge(n / world)
 
-    def allgather(self, nbytes: float, world: int) -> float:
-        """An all-gather of ``nbytes`` from each of ``world`` ranks: measured when the
-        world matches, else a tiny allreduce's latency plus the bytes of every peer."""
+    def exchange(self, nbytes: float, world: int) -> float:
+        """A compress-and-all-gather exchange among ``world`` ranks: an all-gather of
+        every rank's payload size, then one of ``nbytes`` from each. Measured when the
+        world matches, else two tiny allreduces' latency plus the bytes of every peer."""
         if world <= 1:
             return 0.0
-        if world == self.world and "allgather" in self.costs:
-            return self.costs["allgather"](nbytes)
-        return self.allreduce(1, world) + (world - 1) * self.wire(nbytes)[0]
+        if world == self.world and "exchange" in self.costs:
+            return self.costs["exchange"](nbytes)
+        return 2 * self.allreduce(1, world) + (world - 1) * self.wire(nbytes)[0]
 
     def intra(self, nbytes: float) -> float:
         """Moving ``nbytes`` in a reduce-scatter or allgather inside a node of ``gpus``."""

@@ -108,6 +108,9 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
     return Linear.fit(sizes, _max_over_ranks(transport, means), fixed)
 
 
+#: the primitives a profile holds; a cached profile of another format is measured again
+PROFILE_FORMAT = 2
+
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
 
@@ -196,29 +199,40 @@ def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology:
     return Linear(max(slope - model_slope, 0.0), 0.0)
 
 
-#: floats merged before each timed all-gather (see ``_allgather``)
+#: floats merged before each timed exchange (see ``_exchange``)
 _GATHER_WORK = 16384
-#: each timed repetition of an all-gather runs for about this long (see ``measure``)
+#: each timed repetition of an exchange runs for about this long (see ``measure``)
 _GATHER_SECONDS = 0.06
+#: untimed exchanges before the sweep: right after bulk transfers (the send sweep) the
+#: first hundred or so ran up to 2x faster than a long chain of them does (the first
+#: swept size read 1.2-3.0 ms against 3.3-4.5 ms for the next, on 4 loopback ranks)
+_GATHER_SETTLE = 100
 
 
-def _allgather(transport: Transport, largest: int) -> Callable[[int], None]:
-    """An all-gather of ``nbytes`` from every rank, the collective that compress-and-
-    all-gather baselines send their payloads with (``casync.simulate``'s naive).
+def _exchange(transport: Transport, largest: int) -> Callable[[int], None]:
+    """A compress-and-all-gather baseline's exchange of ``nbytes`` per rank
+    (``casync.simulate``'s naive): an all-gather of every rank's payload size (8 bytes),
+    then one of the payloads.
 
-    Each call follows a little codec-sized work (a merge of ``_GATHER_WORK`` floats,
-    about 10 µs), as the baselines call it: between collectives each rank computes, and
-    the next collective then waits for the later rank and for Gloo's threads to wake —
+    Timed as the pair the baselines run: on 4 loopback ranks an all-gather alternating
+    with the sizes' one took 9 % longer per call than one repeated alone. Each exchange
+    follows a little codec-sized work (a merge of ``_GATHER_WORK`` floats, about 10 µs),
+    as the baselines call it: between collectives each rank computes, and the next
+    collective then waits for the later rank and for Gloo's threads to wake —
     back-to-back calls without it measured half the mean.
     """
     import torch
 
     mine = torch.zeros(largest, dtype=torch.uint8)
     outs = [torch.empty(largest, dtype=torch.uint8) for _ in range(transport.size)]
+    size = torch.zeros(1, dtype=torch.int64)
+    sizes = [torch.empty(1, dtype=torch.int64) for _ in range(transport.size)]
     acc, x = np.zeros(_GATHER_WORK, np.float32), np.ones(_GATHER_WORK, np.float32)
 
     def run(nbytes: int) -> None:
         P.merge(acc, x)
+        size[0] = nbytes
+        transport.dist.all_gather(sizes, size, group=transport.group)
         transport.dist.all_gather([o[:nbytes] for o in outs], mine[:nbytes],
                                   group=transport.group)
 
@@ -330,13 +344,15 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
 
         costs["send"] = _sweep(transport, message_bytes, reps, send)
         say(f"send: {costs['send']}")
-        # The naive baseline pays an all-gather's fixed cost twice per tensor, serially,
-        # spikes included: fit its mean, over a sample long enough to hold the spikes
-        # (on 4 ranks sharing 2 cores a 1 KiB all-gather takes 1.5 to 5 ms per 10 ms).
-        costs["allgather"] = _sweep(transport, message_bytes, reps,
-                                    _allgather(transport, max(message_bytes)),
-                                    seconds=_GATHER_SECONDS, fixed="mean")
-        say(f"allgather: {costs['allgather']}")
+        # The naive baseline pays an exchange's fixed cost per tensor, serially, spikes
+        # included: fit its mean, over a sample long enough to hold the spikes (on 4
+        # ranks sharing 2 cores a 1 KiB all-gather takes 1.5 to 5 ms per 10 ms).
+        exchange = _exchange(transport, max(message_bytes))
+        for _ in range(_GATHER_SETTLE):
+            exchange(min(message_bytes))
+        costs["exchange"] = _sweep(transport, message_bytes, reps, exchange,
+                                   seconds=_GATHER_SECONDS, fixed="mean")
+        say(f"exchange (all-gather of sizes, then of payloads): {costs['exchange']}")
         # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
         costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps,
                                     allreduce)
@@ -360,7 +376,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
 def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:
     from compll.build import cache_dir
 
-    key = json.dumps([platform.node(), transport.size, sorted(algorithms), target,
+    key = json.dumps([PROFILE_FORMAT, platform.node(), transport.size, sorted(algorithms), target,
                       hipress.__version__, os.environ.get("HIPRESS_BANDWIDTH"),
                       os.environ.get("HIPRESS_THREADS")])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

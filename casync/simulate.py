@@ -146,11 +146,10 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
         x = g.numel / g_
         y = cost.nbytes(algo, x)
         peers = world * g_ - 1
-        # Two all-gathers: the sizes, then the payloads. Besides the codec: zero the
-        # sum, average it, copy it back (three passes).
+        # The exchange: all-gathers of the sizes, then of the payloads. Besides the
+        # codec: zero the sum, average it, copy it back (three passes).
         chain = [Stage("compute", cost.encode(algo, x)),
-                 Stage("net", cost.allgather(8, peers + 1)),
-                 Stage("net", cost.allgather(y, peers + 1)),
+                 Stage("net", cost.exchange(y, peers + 1)),
                  Stage("compute", (peers + 1) * cost.decode(algo, x) + 3 * cost.merge(x))]
         t = lanes.run(on_host(cost, chain), max(t, g.ready))
         result.units.append(Unit(g.name, g.numel, Plan("allgather", algo, 1), g.ready, t))

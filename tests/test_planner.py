@@ -305,10 +305,10 @@ def test_profile_command_fits_every_primitive(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     cost = CostModel.load(out)
     assert cost.world == 2
-    assert {"send", "allreduce", "allgather", "merge", "encode/onebit", "decode/onebit",
+    assert {"send", "allreduce", "exchange", "merge", "encode/onebit", "decode/onebit",
             "bytes/onebit"} <= set(cost.costs)
     assert cost.costs["send"].b > 0 and cost.encode("onebit", 1 << 20) > 0
-    gather = cost.costs["allgather"]  # its fixed cost is the mean over the small sizes
+    gather = cost.costs["exchange"]  # its fixed cost is the mean over the small sizes
     small = [t - gather.b * x for x, t in gather.points[:len(gather.points) // 2]]
     assert gather.a == pytest.approx(max(sum(small) / len(small), 0.0))
     assert 0.0 <= cost.overlap <= 1.0
