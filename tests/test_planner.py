@@ -245,6 +245,22 @@ def test_model_profiles_have_their_known_sizes():
         assert times == sorted(times) and times[-1] == pytest.approx(0.1)
 
 
+def test_naive_pays_one_measured_exchange_per_tensor_in_series():
+    """The naive baseline's sizes-then-payloads exchange is one profiled primitive: each
+    millisecond more of its fixed cost adds a millisecond per tensor to the iteration."""
+    grads = [Gradient(name, n) for name, n in [("a", 1000), ("b", 70_000), ("c", 5)]]
+    cost = CostModel.cluster(4, 1, 1e9)
+    unmeasured = simulate(cost, 4, grads, "naive").end
+    ends = []
+    for a in (4e-3, 5e-3):
+        cost.costs["exchange"] = Linear(a, 1e-9)
+        ends.append(simulate(cost, 4, grads, "naive").end)
+    assert ends[1] - ends[0] == pytest.approx(len(grads) * 1e-3)
+    del cost.costs["exchange"]  # another world's profile: the modelled exchange
+    assert simulate(cost, 4, grads, "naive").end == pytest.approx(unmeasured)
+    assert cost.exchange(100, 4) > 2 * cost.allreduce(1, 4) > 0
+
+
 def test_simulator_orders_strategies_as_the_link_dictates():
     grads = ready_times(layers("resnet50"), 0.116)
     slow, fast = CostModel.cluster(4, 1, 1e9), CostModel.cluster(4, 1, 400e9)
