@@ -204,8 +204,9 @@ _GATHER_WORK = 16384
 #: each timed repetition of an exchange runs for about this long (see ``measure``)
 _GATHER_SECONDS = 0.06
 #: untimed exchanges before the sweep: right after bulk transfers (the send sweep) the
-#: first hundred or so ran up to 2x faster than a long chain of them does (the first
-#: swept size read 1.2-3.0 ms against 3.3-4.5 ms for the next, on 4 loopback ranks)
+#: first hundred or so ran faster than a long chain of them does (on 4 loopback ranks the
+#: first swept size was the lowest of the small ones in 13 of 17 profiles: 1.2-3.6 ms
+#: against 2.9-4.5 ms for the next two)
 _GATHER_SETTLE = 100
 
 
