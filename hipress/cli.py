@@ -166,8 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("bench", help="run a benchmark from bench/ "
-                                     "(kernels, sync, train, simulate)")
-    p.add_argument("which", choices=["kernels", "sync", "train", "simulate"])
+                                     "(kernels, sync, validate, train, simulate)")
+    p.add_argument("which", choices=["kernels", "sync", "validate", "train", "simulate"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
 

@@ -366,3 +366,49 @@ def test_profile_means_keep_stall_bursts_and_drop_freezes():
     frozen = [1.0, 1.2, 1.1, 1.3, 1.0, 50.0]  # one repetition caught a host freeze
     assert 50.0 > FREEZE * 1.15
     assert _typical_mean(frozen) == pytest.approx(sum(frozen[:-1]) / 5)
+
+
+def _sync_result(world, network, rows):
+    return {"world": world, "network": network,
+            "rows": [{"case": c, "seconds": m, "predicted_s": p} for c, m, p in rows]
+            + [{"case": "lower bound onebit", "seconds": 0.01}]}  # not predicted: left out
+
+
+def test_validation_table_takes_medians_over_runs_and_counts_each_run():
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    from bench.validate import markdown, summarize
+
+    runs = [[_sync_result(2, "loopback", [("naive onebit", 0.30, 0.20), ("ps", 0.10, 0.11)]),
+             _sync_result(4, "shaped", [("ps", 0.20, 0.30)])],
+            [_sync_result(2, "loopback", [("naive onebit", 0.40, 0.31), ("ps", 0.10, 0.09)]),
+             _sync_result(4, "shaped", [("ps", 0.22, 0.26)])],
+            [_sync_result(2, "loopback", [("naive onebit", 0.35, 0.28), ("ps", 0.12, 0.10)]),
+             _sync_result(4, "shaped", [("ps", 0.30, 0.28)])]]
+    s = summarize(runs, bound=0.25)
+    assert s["configs"] == ["loopback, 2 ranks", "shaped, 4 ranks"]
+    assert s["cases"] == ["naive onebit", "ps"]
+    cells = {(c["case"], c["config"]): c for c in s["cells"]}
+    naive = cells[("naive onebit", "loopback, 2 ranks")]
+    assert (naive["measured_s"], naive["predicted_s"], naive["runs"]) == (0.35, 0.28, 3)
+    assert naive["error"] == pytest.approx(-0.2)
+    assert cells[("ps", "shaped, 4 ranks")]["error"] == pytest.approx(0.28 / 0.22 - 1)
+    assert (s["within"], s["total"]) == (2, 3)  # 2 loopback ps: 0.10 / 0.10; shaped +27 %
+    # run 1: naive -33 %, shaped +50 %; runs 2 and 3: every error within 25 %
+    assert [r["within"] for r in s["per_run"]] == [1, 3, 3]
+    table = markdown(s)
+    assert "| naive onebit | 350 / 280 (-20%) | - |" in table
+    assert "2 of 3 within 25 %" in table and "single runs: 1 of 3, 3 of 3, 3 of 3" in table
+
+
+@pytest.mark.parallel
+def test_validate_command_runs_bench_sync_and_writes_the_table(tmp_path):
+    out = tmp_path / "validate.json"
+    proc = _hipress("bench", "validate", "--ranks", "2", "--algorithms", "onebit",
+                    "--topologies", "ps", "--steps", "1", "--scale", "0.05", "--out", str(out),
+                    timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads(out.read_text())
+    assert summary["configs"] == ["loopback, 2 ranks"]
+    assert {"allreduce", "naive onebit", "casync onebit ps"} <= set(summary["cases"])
+    assert all(c["predicted_s"] > 0 and c["measured_s"] > 0 for c in summary["cells"])
+    assert "| casync onebit ps |" in proc.stdout and "within 25 %" in proc.stdout
