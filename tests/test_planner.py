@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import bench_module
 
 from casync.costmodel import CostModel, Linear, payload_bytes
 from casync.models import PROFILES, TIMINGS, layers, total
@@ -375,9 +376,8 @@ def _sync_result(world, network, rows):
 
 
 def test_validation_table_takes_medians_over_runs_and_counts_each_run():
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
-    from bench.validate import markdown, summarize
-
+    validate = bench_module("validate")
+    summarize, markdown = validate.summarize, validate.markdown
     runs = [[_sync_result(2, "loopback", [("naive onebit", 0.30, 0.20), ("ps", 0.10, 0.11)]),
              _sync_result(4, "shaped", [("ps", 0.20, 0.30)])],
             [_sync_result(2, "loopback", [("naive onebit", 0.40, 0.31), ("ps", 0.10, 0.09)]),

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ranks
+from conftest import bench_module
 
 import hipress.torch as hp
 from hipress.launcher import torchrun_command
@@ -50,11 +51,7 @@ def test_plugin_needs_init_first():
 
 
 def test_training_bench_always_measures_its_reference():
-    sys.path.insert(0, str(ROOT))
-    try:
-        from bench.train import select_methods
-    finally:
-        sys.path.remove(str(ROOT))
+    select_methods = bench_module("train").select_methods
     # every ratio is to plain DDP in the same run: it runs first even when not asked for
     assert select_methods(["HiPress onebit"], "shaped") == ["DDP", "HiPress onebit"]
     assert select_methods(["HiPress dgc", "DDP", "HiPress dgc"], "shaped") == [
