@@ -49,11 +49,12 @@ def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> fl
     """When one iteration's synchronization ends under strategy ``name``."""
     if name in ("allreduce", "naive", "powersgd"):
         return simulate(cost, nodes, grads, name).end
+    # BytePS and ring-DGC synchronize tensor by tensor: a chunk per tensor partition.
     if name == "byteps-onebit":
-        return simulate(cost, nodes, grads, "casync", fuse_below=0,
+        return simulate(cost, nodes, grads, "casync", coalesce=False,
                         planner=StaticPlanner("onebit", "ps", min_compress=16384)).end
     if name == "ring-dgc":
-        return simulate(cost, nodes, grads, "casync",
+        return simulate(cost, nodes, grads, "casync", coalesce=False,
                         planner=StaticPlanner("dgc", "ring", min_compress=262144)).end
     if name.startswith("casync-"):
         planner = CostPlanner(cost, (name.split("-", 1)[1],))

@@ -10,7 +10,12 @@ N ranks synchronize a model's gradient profile (tensor sizes in backward order, 
   ``auto`` the cost-model planner on a profile measured on the same ranks first;
 * the lower bound of each algorithm: its compressed bytes over one link at the measured
   link rate, 2(N-1)/N of the payload each way, plus one encode and one decode of the
-  whole gradient, timed on every rank at once (so with the same CPU contention).
+  whole gradient, timed on every rank at once (so with the same CPU contention);
+* for each CaSync case, the critical path of its own graphs: the compute tasks one of its
+  steps ran (every codec call a rank's graphs need, with error feedback's and the
+  aggregators' extra work), run again back to back on every rank at once, plus the bytes
+  the rank sent at the link rate; the engine's time above it is its own cost;
+* messages per step per rank: point-to-point sends plus collectives.
 
 Times are the slowest rank's, median over ``--steps`` after a warm-up step (two for
 ``auto``: one to fit its whole-model plan, one to set that plan up); the engine's cases
@@ -43,6 +48,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from casync.chunks import CHUNK_ELEMS  # noqa: E402
+from casync.plan import MIN_COMPRESS  # noqa: E402
 from hipress.distributed import destroy_process_group  # noqa: E402
 from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
@@ -52,6 +59,18 @@ BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 
 
 # ------------------------------------------------------------------------------ worker
+
+
+#: ``--profile many-small``: many small tensors, each compressed (what costs an engine
+#: that pays per tensor)
+MANY_SMALL = [(f"small{i}", 2000) for i in range(160)]
+
+
+def _sizes(name: str, scale: float) -> list[tuple[str, int]]:
+    from casync.models import profile
+
+    sizes = MANY_SMALL if name == "many-small" else profile(name)
+    return [(n, max(1, int(k * scale))) for n, k in sizes]
 
 
 def _gradients(profile: list[tuple[str, int]], rank: int) -> list[np.ndarray]:
@@ -122,6 +141,33 @@ def _naive_step(dist: Any, codec: Any, tensors: list[Any]) -> None:
         t.copy_(torch.from_numpy(acc / world))
 
 
+def _messages(transport: Any) -> int:
+    return int(transport.messages_sent + transport.collectives)
+
+
+def _max_over_ranks(dist: Any, value: float) -> float:
+    import torch
+
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def _critical_path(dist: Any, sync: Any, step: Any, reset: Any) -> float:
+    """The compute work of one step of ``sync``'s graphs, timed alone on every rank at
+    once: run a step with the executor's trace on, then run its compute tasks again back
+    to back (their messages are still in the receive buffers). The slowest rank's time."""
+    sync.executor.trace, sync.executor.ran = [], []
+    reset()
+    step()
+    ran, sync.executor.trace, sync.executor.ran = sync.executor.ran, None, []
+    dist.barrier()
+    t0 = time.perf_counter()
+    for work in ran:
+        work()
+    return _max_over_ranks(dist, time.perf_counter() - t0)
+
+
 def _link_rate(dist: Any, rank: int, nbytes: int = 16 << 20) -> float:
     """Goodput of one link (rank 0 -> rank 1) in bytes/s, measured with Gloo."""
     import torch
@@ -169,7 +215,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
                      say: Any) -> list[dict[str, Any]]:
     """Lower bound, naive baseline and CaSync per topology for one algorithm."""
     import hipress
-    from casync import Synchronizer
+    from casync import StaticPlanner, Synchronizer
 
     world = dist.get_world_size()
     codec = hipress.codec(algo)
@@ -195,13 +241,14 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     # with the fixed strategies fairly.
     syncs: dict[str, Synchronizer] = {}
     for topo in args.topologies:
-        planner = None
+        planner: Any = StaticPlanner(algo, "ps" if topo == "auto" else topo,
+                                     min_compress=args.min_compress)
         if topo == "auto":
             from casync.planner import CostPlanner
 
-            planner = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
+            planner = CostPlanner(cost, (algo,))
         syncs[topo] = Synchronizer(algo, "ps" if topo == "auto" else topo, timeout=600,
-                                   fuse_below=args.fuse_below, planner=planner)
+                                   chunk_elems=args.chunk_elems, planner=planner)
 
     def step_of(sync: Synchronizer) -> Any:
         def step() -> None:
@@ -210,21 +257,26 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
             sync.synchronize()
         return step
 
-    sent0 = {}
+    sent0, msgs0 = {}, {}
     for topo, sync in syncs.items():
         # auto: the engine fits its whole-model plan after its first step, and the step
         # after is the first to run that plan (its buffers and residuals): warm up both.
         _timed(dist, step_of(sync), reset, 0, warmup=2 if topo == "auto" else 1)
         sent0[topo] = sync.transport.bytes_sent
+        msgs0[topo] = _messages(sync.transport)
     times: dict[str, list[float]] = {topo: [] for topo in syncs}
     for _ in range(args.steps):
         for topo, sync in syncs.items():
             times[topo].append(_time_once(dist, step_of(sync), reset))
     for topo, sync in syncs.items():
+        steps = max(args.steps, 1)
+        sent = (sync.transport.bytes_sent - sent0[topo]) / steps
+        messages = _max_over_ranks(dist, (_messages(sync.transport) - msgs0[topo]) / steps)
+        critical = _critical_path(dist, sync, step_of(sync), reset) + sent / link_Bps
         rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,
                      "seconds": statistics.median(times[topo]), "all_seconds": times[topo],
-                     "bytes_per_rank": (sync.transport.bytes_sent - sent0[topo])
-                     / max(args.steps, 1)})
+                     "bytes_per_rank": sent, "messages_per_step": messages,
+                     "critical_s": critical})
         choice = getattr(sync.planner, "choice", "")  # what auto's whole-model plan is
         if choice:
             rows[-1]["plan"] = choice
@@ -252,12 +304,12 @@ def _predict(rows: list[dict[str, Any]], cost: Any, world: int,
             result = simulate(cost, world, grads, "naive", algorithm=algo)
         elif case.startswith("casync"):
             if topo == "auto":  # what the engine follows after its first (warm-up) step
-                planner: Any = CostPlanner(cost, (algo,), small=max(args.fuse_below, 1))
-                planner.fit(grads, world, fuse_below=args.fuse_below)
+                planner: Any = CostPlanner(cost, (algo,))
+                planner.fit(grads, world, chunk_elems=args.chunk_elems)
             else:
-                planner = StaticPlanner(algo, topo)
+                planner = StaticPlanner(algo, topo, min_compress=args.min_compress)
             result = simulate(cost, world, grads, "casync", planner=planner,
-                              fuse_below=args.fuse_below)
+                              chunk_elems=args.chunk_elems)
         else:
             continue
         row["predicted_s"] = result.end
@@ -270,12 +322,10 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    from casync.models import profile
-
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
     say = print if rank == 0 else (lambda *a, **k: None)
-    sizes = [(name, max(1, int(n * args.scale))) for name, n in profile(args.profile)]
+    sizes = _sizes(args.profile, args.scale)
     tensors_np = _gradients(sizes, rank)
     originals = [t.copy() for t in tensors_np]
     tensors = [torch.from_numpy(t) for t in tensors_np]
@@ -339,7 +389,8 @@ def report(result: dict[str, Any], out: Path) -> None:
                         f"{result['world']} ranks, {result['network']} network, "
                         f"link {rate:.2f} Gbit/s measured")
     predicted = any("predicted_s" in r for r in rows)
-    cols = ["case", "sync ms", "vs allreduce", "vs naive", "/ lower bound", "MB/rank"]
+    cols = ["case", "sync ms", "vs allreduce", "vs naive", "/ lower bound", "critical ms",
+            "/ critical", "MB/rank", "msgs/step"]
     cols += ["predicted ms", "error"] if predicted else []
     for col in cols:
         table.add_column(col, justify="left" if col == "case" else "right")
@@ -350,10 +401,13 @@ def report(result: dict[str, Any], out: Path) -> None:
             r["case"], f"{r['seconds'] * 1e3:.1f}", f"{base / r['seconds']:.1f}x",
             f"{naive[algo] / r['seconds']:.1f}x" if casync and algo in naive else "-",
             f"{r['seconds'] / bound[algo]:.2f}" if casync and algo in bound else "-",
+            f"{r['critical_s'] * 1e3:.1f}" if "critical_s" in r else "-",
+            f"{r['seconds'] / r['critical_s']:.2f}" if "critical_s" in r else "-",
             f"{r['bytes_per_rank'] / 1e6:.1f}" if "bytes_per_rank" in r else "-",
+            f"{r['messages_per_step']:.0f}" if "messages_per_step" in r else "-",
             *([f"{r['predicted_s'] * 1e3:.1f}", f"{r['error']:+.0%}"] if "predicted_s" in r
               else ["-", "-"] if predicted else []))
-    Console(width=110).print(table)
+    Console(width=150).print(table)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
@@ -397,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="local ranks to start")
     parser.add_argument("--profile", default="resnet50",
-                        help="gradient profile: resnet50, vgg19, bert-base")
+                        help="gradient profile: resnet50, vgg19, bert-base, ..., or "
+                             "many-small (160 tensors of 2,000 floats)")
     parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
     parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"],
                         help="ps, ring, allgather, and auto (the cost-model planner on a "
@@ -410,8 +465,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="multiply every tensor size (e.g. 0.01 for a quick check)")
     parser.add_argument("--network", choices=["loopback", "shaped"], default="loopback")
     parser.add_argument("--bandwidth", default="1gbit", help="shaped link rate (tc syntax)")
-    parser.add_argument("--fuse-below", type=int, default=16384,
-                        help="CaSync batches tensors under this many elements")
+    parser.add_argument("--chunk-elems", type=int, default=CHUNK_ELEMS,
+                        help="elements a CaSync chunk collects before it is sent")
+    parser.add_argument("--min-compress", type=int, default=MIN_COMPRESS,
+                        help="CaSync's static plans leave smaller tensors uncompressed "
+                             "(0 for --profile many-small: compress every tensor)")
     parser.add_argument("--no-naive", dest="naive", action="store_false",
                         help="skip the naive baseline")
     parser.add_argument("--probe", action="store_true",

@@ -1,6 +1,7 @@
 """Training benchmark: the example on N ranks per synchronization method, same link.
 
-For each method it trains ``examples/torch_train.py`` for the same epochs and reports
+For each model (``--models``: the wide MLP, six gradient tensors, and the residual CNN,
+107) and each method it trains ``examples/torch_train.py`` for the same epochs and reports
 samples/s as a ratio to plain DDP measured in the same run, final accuracy, bytes sent
 per step, and whether the replicas ended identical. samples/s is the steady rate after
 the example's warm-up steps (one-time set-up, left out for every method alike, as
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--network", choices=["shaped", "paced"], default="shaped")
     parser.add_argument("--bandwidth", default="1gbit")
-    parser.add_argument("--width", type=int, default=2896, help="8.6M parameters")
+    parser.add_argument("--models", nargs="+", default=["mlp", "resnet"],
+                        choices=["mlp", "resnet"])
+    parser.add_argument("--width", type=int, default=2896, help="the MLP's: 8.6M parameters")
+    parser.add_argument("--channels", type=int, default=128,
+                        help="the residual CNN's: 5.0M parameters in 107 tensors")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=0.05)
@@ -52,23 +57,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     args = parser.parse_args(argv)
     methods = select_methods(args.methods, args.network)
-    rows = []
-    for method in methods:
-        metrics = args.out.parent / f"train-{method.replace(' ', '_')}.json"
-        metrics.unlink(missing_ok=True)
-        cmd = [str(HERE.parent / "examples" / "torch_train.py"), *METHODS[method],
-               "--epochs", str(args.epochs), "--width", str(args.width), "--batch",
-               str(args.batch), "--lr", str(args.lr), "--metrics", str(metrics), "--quiet"]
-        print(f"== {method}", flush=True)
-        code = run_shaped(args.ranks, args.bandwidth, cmd) if args.network == "shaped" \
-            else run(args.ranks, cmd, bandwidth=args.bandwidth)
-        if code or not metrics.exists():
-            print(f"{method} failed with exit code {code}", file=sys.stderr)
-            return 1
-        result = json.loads(metrics.read_text())
-        result["method"] = method
-        rows.append(result)
-    report(rows, args)
+    results = {}
+    for model in args.models:
+        rows = []
+        width = args.channels if model == "resnet" else args.width
+        for method in methods:
+            metrics = args.out.parent / f"train-{model}-{method.replace(' ', '_')}.json"
+            metrics.unlink(missing_ok=True)
+            cmd = [str(HERE.parent / "examples" / "torch_train.py"), *METHODS[method],
+                   "--model", model, "--epochs", str(args.epochs), "--width", str(width),
+                   "--batch", str(args.batch), "--lr", str(args.lr), "--metrics",
+                   str(metrics), "--quiet"]
+            print(f"== {model}: {method}", flush=True)
+            code = run_shaped(args.ranks, args.bandwidth, cmd) if args.network == "shaped" \
+                else run(args.ranks, cmd, bandwidth=args.bandwidth)
+            if code or not metrics.exists():
+                print(f"{method} failed with exit code {code}", file=sys.stderr)
+                return 1
+            result = json.loads(metrics.read_text())
+            result["method"] = method
+            rows.append(result)
+        results[model] = rows
+    report(results, args)
     return 0
 
 
@@ -81,18 +91,40 @@ def select_methods(requested: list[str], network: str) -> list[str]:
     return ["DDP", *(m for m in methods if m != "DDP")]
 
 
-def report(rows: list[dict], args: argparse.Namespace) -> None:
+def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from rich.console import Console
+
+    fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
+    for ax, (model, rows) in zip(axes[0], results.items(), strict=True):
+        Console(width=110).print(_table(model, rows, args))
+        base = next(r["steady_samples_per_s"] for r in rows if r["method"] == "DDP")
+        for r in rows:
+            t, loss = zip(*r["losses"], strict=True)
+            ax.plot(t, loss, label=f"{r['method']} ({r['steady_samples_per_s'] / base:.2f}x)")
+        ax.set_title(f"{model}: {rows[0]['params']:,} parameters, {rows[0]['tensors']} tensors")
+        ax.set_xlabel("wall-clock seconds")
+        ax.set_ylabel("training loss (rank 0)")
+        ax.legend(fontsize=8)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                    "models": results}, indent=2))
+    fig.tight_layout()
+    fig.savefig(args.out.with_suffix(".png"), dpi=120)
+    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+
+
+def _table(model: str, rows: list[dict], args: argparse.Namespace) -> object:
     from rich.table import Table
 
     base = next(r["steady_samples_per_s"] for r in rows if r["method"] == "DDP")
     base_all = next(r["samples_per_s"] for r in rows if r["method"] == "DDP")
-    table = Table(title=f"{args.ranks} ranks, {rows[0]['params']:,} parameters, "
-                        f"{args.bandwidth} {args.network} links, {args.epochs} epochs")
+    table = Table(title=f"{model}: {args.ranks} ranks, {rows[0]['params']:,} parameters in "
+                        f"{rows[0]['tensors']} tensors, {args.bandwidth} {args.network} "
+                        f"links, {args.epochs} epochs")
     for col in ("method", "samples/s", "vs DDP", "all steps", "accuracy", "MB sent/step",
                 "identical"):
         table.add_column(col, justify="left" if col == "method" else "right")
@@ -102,20 +134,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
                       f"{r['samples_per_s'] / base_all:.2f}x", f"{r['accuracy']:.3f}",
                       f"{r['bytes_per_step'] / 1e6:.2f}" if r["bytes_per_step"] else "-",
                       "yes" if r["replicas_identical"] else "NO")
-    Console(width=110).print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "rows": rows}, indent=2))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in rows:
-        t, loss = zip(*r["losses"], strict=True)
-        ax.plot(t, loss, label=f"{r['method']} ({r['steady_samples_per_s'] / base:.2f}x)")
-    ax.set_xlabel("wall-clock seconds")
-    ax.set_ylabel("training loss (rank 0)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(args.out.with_suffix(".png"), dpi=120)
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    return table
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ sends), ``allreduce`` (seconds for x float32 elements over the measured world),
 ``exchange`` (seconds for a compress-and-all-gather baseline's exchange of x payload
 bytes per rank: an all-gather of the payload sizes, then one of the payloads),
 ``merge`` (x elements added in place), ``encode/ALGO`` and ``decode/ALGO`` (x elements),
-``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` (the engine's own
-cost per graph beyond its primitives: building it, dispatching its tasks) and, for
-several GPUs per node, ``intra`` (seconds per byte moved within a node).
+``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` and ``tensor/TOPOLOGY``
+(the engine's own cost per chunk graph and per segment in it, beyond its primitives:
+building the graph, dispatching its tasks, submitting the tensors) and, for several
+GPUs per node, ``intra`` (seconds per byte moved within a node).
 """
 
 from __future__ import annotations
@@ -153,14 +154,18 @@ class CostModel:
     def merge(self, n: float) -> float:
         return self._get("merge")(n)
 
-    def allreduce(self, n: float, world: int) -> float:
+    def allreduce(self, n: float, world: int, fixed: bool = True) -> float:
         """Uncompressed allreduce of n floats: measured when the world matches, else a
-        ring of 2(N-1) steps priced by ``send``."""
+        ring of 2(N-1) steps priced by ``send``. Without ``fixed``, only what its size
+        adds (what one more tensor adds to a chunk)."""
         if world <= 1:
             return 0.0
         if world == self.world and "allreduce" in self.costs:
-            return self.costs["allreduce"](n)
-        send = self._get("send")
+            fit = self.costs["allreduce"]
+            return fit(n) if fixed else fit.b * n
+        send, merge = self._get("send"), self._get("merge")
+        if not fixed:
+            return 2 * (world - 1) * send.b * 4 * n / world + (world - 1) * merge.b * n / world
         return 2 * (world - 1) * (send.a + send.b * 4 * n / world) \
             + (world - 1) * self.merge(n / world)
 

@@ -1,6 +1,7 @@
 """The pipelined executor: a compute lane and a communication lane over task DAGs.
 
-Each graph (one tensor or bucket) is a DAG of tasks. Three kinds:
+Each graph (one chunk of a step's tensors, ``casync.chunks``) is a DAG of tasks. Three
+kinds:
 
 - ``compute`` tasks (encode, decode, merge) run on the compute thread, lowest
   priority first among those whose inputs are ready;
@@ -8,14 +9,15 @@ Each graph (one tensor or bucket) is a DAG of tasks. Three kinds:
   posting is non-blocking; an allreduce then waits on the comm lane;
 - ``recv`` tasks are posted when the graph is added and waited on the comm lane.
 
-Priorities are ``(graph, partition, stage)``, the same on every rank, and every send a
-receive waits for depends only on tasks of lower priority. The comm lane's waiter
+Priorities are ``(graph, stage, index)``, the same on every rank: graphs are numbered in
+the order their chunks close, which every rank shares, and within a graph every send a
+receive waits for depends only on tasks of a lower stage. The comm lane's waiter
 threads take waits in priority order, so the lowest-priority unfinished wait of every
 rank is always being waited on, and the compute thread never blocks: no rank can wait
 for a message that waits for it, and the pipeline cannot deadlock. Several waiters (a
 Gloo receive cannot be polled, only waited on) let later messages complete while an
-earlier one is still in flight. While partition i's messages travel, the compute thread
-is already encoding partition i+1.
+earlier one is still in flight. While chunk i's messages travel, the compute thread is
+already encoding chunk i+1, which started as soon as its tensors arrived.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class Task:
 
 
 class Graph:
-    """The task DAG that synchronizes one tensor or bucket in one step."""
+    """The task DAG that synchronizes one chunk in one step."""
 
     def __init__(self, label: str, step: int) -> None:
         self.label = label
@@ -83,7 +85,7 @@ class Graph:
 def describe_failure(graph: Graph, handle: Handle | None, cause: BaseException,
                      timeout: float) -> SyncError:
     """A SyncError naming the tensor, step and peer of a failed wait."""
-    where = f"step {graph.step}, tensor {graph.label!r}"
+    where = f"step {graph.step}, {graph.label}"
     text = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
     # Gloo's messages start with a source location and end with generic advice.
     text = re.sub(r"^\[[^\]]*\]\s*", "", text).split(". This is typically")[0]
@@ -108,7 +110,9 @@ class Executor:
     Args:
         transport: where sends, receives and allreduces are posted.
         timeout: seconds a single wait may take before the peer counts as dead.
-        trace: record ``(lane, task, graph, start, end)`` for every task (tests, profiling).
+        trace: record ``(lane, task, graph, start, end)`` for every task (tests, profiling),
+            and each compute task's work in ``ran``, in the order it ran (``bench sync``
+            times them again alone: the critical path of the engine's own graphs).
         waiters: threads on the communication lane. Gloo cannot poll a receive, so each
             waits on one; several keep a ps worker that waits for one result from
             holding up the uploads it must aggregate meanwhile (a convoy across ranks).
@@ -119,6 +123,7 @@ class Executor:
         self.transport = transport
         self.timeout = float(timeout)
         self.trace: list[tuple[str, str, str, float, float]] | None = [] if trace else None
+        self.ran: list[Callable[[], Any]] = []
         self.error: SyncError | None = None
         #: turns a failure into the error every waiter sees (adds the diagnosis)
         self.explain: Callable[[SyncError, int], SyncError] | None = None
@@ -267,6 +272,8 @@ class Executor:
                 assert task.run is not None
                 task.run()
                 self._record("compute", task, start)
+                if self.trace is not None:
+                    self.ran.append(task.run)
             except BaseException as exc:  # noqa: BLE001
                 self._fail(describe_failure(task.graph, None, exc, self.timeout),
                            task.graph.step)

@@ -12,12 +12,15 @@ __all__ = ["ErrorFeedback"]
 
 
 class ErrorFeedback:
-    """Residuals keyed by encode site (tensor, partition, role), one per rank.
+    """Residuals keyed by encode site (tensor segment and role), one per rank.
 
-    ``encode`` compresses ``x + residual`` and keeps ``(x + residual) - decode(payload)``
+    An encode compresses ``x + residual`` and keeps ``(x + residual) - decode(payload)``
     for the next step, so the sum of what is synchronized tracks the sum of the
     gradients (Seide et al. 2014; Karimireddy et al. 2019). Workers keep one residual
-    per tensor partition; aggregators and ring hops one per re-encode.
+    per tensor segment; aggregators and ring hops one per re-encode. The kernels do
+    both updates: the encode adds ``x`` into the residual, and a decode with
+    ``feedback`` (or a decode's ``fb`` output) subtracts the payload's values, zeroing
+    what is not finite (a NaN or Inf gradient would poison every later step).
 
     Example:
         >>> ef = ErrorFeedback()
@@ -34,6 +37,15 @@ class ErrorFeedback:
         """The residual an encode site carries, or None before its first encode."""
         return self._residuals.get(key)
 
+    def site(self, key: Hashable, n: int) -> np.ndarray:
+        """The residual of ``key`` for ``n`` elements, zeros on first use (or when the
+        site's size changed). The buffer lives as long as the site: no page faults on
+        later steps."""
+        residual = self._residuals.get(key)
+        if residual is None or residual.size != n:
+            residual = self._residuals[key] = np.zeros(n, np.float32)
+        return residual
+
     def reset(self) -> None:
         """Forget every residual (e.g. after the model was reloaded)."""
         self._residuals.clear()
@@ -41,13 +53,7 @@ class ErrorFeedback:
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:
         """Encode ``x`` plus the site's residual (into ``out`` if given); update the residual."""
-        # Inside the kernels: the encode adds x into the residual and encodes it, and the
-        # decode subtracts what the payload decodes to, zeroing what is not finite (a NaN
-        # or Inf gradient would poison every later step).
-        residual = self._residuals.get(key)
-        if residual is None or residual.size != x.size:
-            # The buffer lives as long as the site: no page faults on later steps.
-            residual = self._residuals[key] = np.zeros(x.size, np.float32)
+        residual = self.site(key, x.size)
         payload = codec.encode(x, step=step, out=out, residual=residual)
         codec.decode(payload, residual.size, out=residual, scale=-1.0, feedback=True)
         return payload

@@ -1,49 +1,54 @@
-"""Graph builders: compose the primitives into one task DAG per tensor partition.
+"""Graph builders: compose the primitives into one task DAG per chunk.
 
-Every builder synchronizes a contiguous float32 buffer in place: it reads the local
-gradient from ``buf`` and leaves the average over ranks there. Every rank decodes the
-same payload bytes for the final values, so the result is bitwise identical on all ranks.
+A chunk (``casync.chunks``) holds segments of several tensors; every builder leaves the
+average over ranks in each segment's elements. Each segment keeps its own payload, but a
+message carries all of a chunk's payloads for one peer, end to end, and each encode or
+decode task is one batched kernel call over its segments. Every rank decodes the same
+payload bytes for the final values, so the result is bitwise identical on all ranks.
 
-Priorities are ``(partition, stage)``; a message's sender only depends on tasks of a
-lower stage than the receive that waits for it (see ``casync.executor``).
+A message is the payloads' total length (8 bytes) and the payloads: a receiver posts a
+buffer of the worst case and reads how much arrived from the front.
+
+Priorities are ``(stage, index)``; a message's sender only depends on tasks of a lower
+stage than the receive that waits for it (see ``casync.executor``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any
 
 import numpy as np
 
 from hipress.codec import Codec
+from hipress.errors import PayloadError
 
 from . import primitives as P
+from .chunks import Chunk, Segment
 from .executor import Graph, Task
 from .feedback import ErrorFeedback
-from .segments import Segmented
 from .transport import Handle, Transport, tag_space
 
 __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
            "build_none"]
 
+#: bytes in front of a message's payloads: their total length
+_LENGTH = 8
+
 
 @dataclass
 class Context:
-    """What a builder needs besides the buffer: who we are and what to compress with."""
+    """What a builder needs besides the chunk: who we are and what to compress with."""
 
     transport: Transport
     codec: Codec | None
     feedback: ErrorFeedback | None
     step: int
     tag: int
-    key: Hashable
+    chunk: Chunk
     pool: dict[Hashable, np.ndarray] = field(default_factory=dict)
-    #: offsets of the tensors fused into the graph's buffer, for per-tensor payloads
-    bounds: list[int] | None = None
-    buffer: np.ndarray | None = None
 
     @property
     def rank(self) -> int:
@@ -53,112 +58,145 @@ class Context:
     def world(self) -> int:
         return self.transport.size
 
-    def tag_of(self, part: int, slot: int, per_part: int) -> int:
-        return (self.tag + part * per_part + slot) % tag_space
+    def tag_of(self, slot: int) -> int:
+        return (self.tag + slot) % tag_space
 
-    def rng_step(self, *site: object) -> int:
+    def rng_step(self, seg: Segment, role: str) -> int:
         """A distinct RNG step per step, rank and encode site, so ranks round independently."""
-        return zlib.crc32(repr((self.step, self.rank, site)).encode())
+        return zlib.crc32(repr((self.step, self.rank, seg.key, role)).encode())
 
     def scratch(self, site: Hashable, size: int, dtype: type) -> np.ndarray:
-        """A buffer that belongs to this tensor and site across steps (pages stay mapped).
+        """A buffer that belongs to this chunk and site across steps (pages stay mapped).
 
         Reuse is safe: a step's sends and receives complete before the next step starts.
         """
-        key = (self.key, site, np.dtype(dtype).str)
+        key = (self.chunk.key, site, np.dtype(dtype).str)
         buf = self.pool.get(key)
         if buf is None or buf.size < size:
             buf = self.pool[key] = np.empty(max(size, 1), dtype)
         return buf[:size]
 
-    def codec_for(self, x: np.ndarray) -> Any:
-        """The codec for ``x``, a view of the graph's buffer: one payload per fused tensor."""
+    def capacity(self, segs: list[Segment]) -> int:
         assert self.codec is not None
-        if self.bounds is None or self.buffer is None:
-            return self.codec
-        start = (x.ctypes.data - self.buffer.ctypes.data) // x.itemsize
-        stop = start + x.size
-        inner = [b - start for b in self.bounds if start < b < stop]
-        if not inner:
-            return self.codec
-        return Segmented(self.codec, [0, *inner, x.size])
+        return _LENGTH + sum(self.codec.max_payload_bytes(s.n) for s in segs)
 
-    def encode(self, x: np.ndarray, *site: object) -> np.ndarray:
-        codec = self.codec_for(x)
-        key = (self.key, *site) if self.feedback is not None else None
-        out = self.scratch(("payload", *site), codec.max_payload_bytes(x.size), np.uint8)
-        return P.encode(codec, x, self.rng_step(*site), self.feedback, key, out)
+    def residuals(self, segs: list[Segment], role: str) -> list[np.ndarray] | None:
+        if self.feedback is None:
+            return None
+        return [self.feedback.site((*s.key, role), s.n) for s in segs]
+
+    def encode(self, segs: list[Segment], role: str, site: Hashable,
+               fused_feedback: bool = True) -> np.ndarray:
+        """One message: the payloads of ``segs`` (with the role's residuals), behind their
+        length. ``fused_feedback``: update the residuals in the same call; otherwise the
+        caller's decode of the message does (``decode(..., residual_role=role)``)."""
+        assert self.codec is not None
+        out = self.scratch(("payload", site), self.capacity(segs), np.uint8)
+        res = self.residuals(segs, role)
+        payload, _ = self.codec.encode_batch(
+            [s.view() for s in segs], out=out[_LENGTH:],
+            steps=[self.rng_step(s, role) for s in segs], residuals=res,
+            feedback=fused_feedback and res is not None)
+        out[:_LENGTH].view(np.uint64)[0] = payload.size
+        return out[:_LENGTH + payload.size]
+
+    def decode(self, message: np.ndarray, segs: list[Segment], accumulate: bool,
+               scale: float | None, residual_role: str | None = None) -> None:
+        """Decode a message into ``segs`` (or add to them); ``scale`` turns a sum into the
+        mean; ``residual_role``: also update that role's residuals in the same pass."""
+        assert self.codec is not None
+        payload = _payloads(message)
+        views = [s.view() for s in segs]
+        ns = [s.n for s in segs]
+        res = self.residuals(segs, residual_role) if residual_role else None
+        if accumulate and scale is not None:  # the mean of the whole sum
+            self.codec.decode_batch(payload, ns, views, accumulate=True)
+            for v in views:
+                np.multiply(v, np.float32(scale), out=v)
+        else:  # one pass: the decoded values, scaled
+            self.codec.decode_batch(payload, ns, views, accumulate=accumulate,
+                                    scale=1.0 if scale is None else scale, residuals=res)
+
+
+def _payloads(message: np.ndarray) -> np.ndarray:
+    """The payloads of a message, after checking the length it starts with."""
+    if message.size < _LENGTH:
+        raise PayloadError(f"a message of {message.size} bytes has no length")
+    length = int(message[:_LENGTH].view(np.uint64)[0])
+    if length > message.size - _LENGTH:
+        raise PayloadError(f"a message declares {length} bytes of payloads but only "
+                           f"{message.size - _LENGTH} arrived")
+    return message[_LENGTH:_LENGTH + length]
 
 
 def slots(topology: str, world: int) -> int:
-    """Tags one partition of a graph uses."""
+    """Tags one chunk's graph uses."""
     return {"ps": 2, "ring": 2 * max(world - 1, 1), "allgather": 1, "none": 1}[topology]
 
 
-Payload = Callable[[], np.ndarray]
+Message = Callable[[], np.ndarray]
 
 
 def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
-            x: np.ndarray, site: tuple[object, ...],
-            deps: tuple[Task | None, ...] = ()) -> tuple[Task, Payload]:
-    """An encode task and a getter for the payload it produces."""
+            segs: list[Segment], role: str, deps: tuple[Task | None, ...] = (),
+            fused_feedback: bool = True) -> tuple[Task, Message]:
+    """An encode task and a getter for the message it produces."""
     box: list[np.ndarray] = []
 
     def run() -> None:
-        box.append(ctx.encode(x, *site))
+        box.append(ctx.encode(segs, role, name, fused_feedback))
 
     return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
 
 
-def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payload: Payload,
+def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Message,
           dst: int, tag: int, deps: tuple[Task | None, ...]) -> Task:
     def run() -> Handle:
-        return P.send(ctx.transport, payload(), dst, tag)
+        return P.send(ctx.transport, message(), dst, tag)
 
     return graph.task(name, "post", prio, run, deps)
 
 
-def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], x: np.ndarray,
-          src: int, tag: int) -> tuple[Task, Payload]:
-    """A receive of the payload(s) for ``x``, a view of the graph's buffer."""
-    codec = ctx.codec_for(x)
-    capacity = codec.max_payload_bytes(x.size)
-    count = len(codec.bounds) - 1 if isinstance(codec, Segmented) else 1
+def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
+          segs: list[Segment], src: int, tag: int) -> tuple[Task, Message]:
+    """A receive of the message for ``segs`` from ``src``."""
+    capacity = ctx.capacity(segs)
     handle = P.recv(ctx.transport, capacity, src, tag,
                     ctx.scratch(("recv", name), capacity, np.uint8))
-    return (graph.task(name, "recv", prio, None, handle=handle),
-            lambda: P.received(handle, count))
+    return graph.task(name, "recv", prio, None, handle=handle), lambda: handle.buffer
 
 
-def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], payload: Payload,
-            out: np.ndarray, accumulate: bool, scale: float | None,
-            deps: tuple[Task | None, ...]) -> Task:
-    """Decode (or decode-and-merge) into ``out``; ``scale`` turns the sum into the mean."""
+def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Message,
+            segs: list[Segment], accumulate: bool, scale: float | None,
+            deps: tuple[Task | None, ...], residual_role: str | None = None) -> Task:
     def run() -> None:
-        codec = ctx.codec_for(out)
-        if accumulate and scale is not None:  # the mean of the whole sum
-            P.decode(codec, payload(), out, True)
-            np.multiply(out, np.float32(scale), out=out)
-        else:  # one pass: the decoded values, scaled
-            P.decode(codec, payload(), out, accumulate, 1.0 if scale is None else scale)
+        ctx.decode(message(), segs, accumulate, scale, residual_role)
 
     return graph.task(name, "compute", prio, run, deps)
 
 
-def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
-             owners: list[int]) -> None:
-    """Parameter server with co-located aggregators: partition i is reduced on owners[i]."""
+def build_ps(ctx: Context, graph: Graph) -> None:
+    """Parameter server with co-located aggregators: each segment is reduced on its owner.
+
+    Per chunk, a worker sends one message to each aggregator (the payloads of the
+    segments it owns) and receives one reply; an aggregator merges the workers' messages
+    in rank order, re-encodes once and sends the same bytes to every rank.
+    """
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
-    for p, (sl, agg) in enumerate(zip(parts, owners, strict=True)):
-        x = buf[sl]
-        up, down = ctx.tag_of(p, 0, 2), ctx.tag_of(p, 1, 2)
+    mean = 1.0 / world
+    up, down = ctx.tag_of(0), ctx.tag_of(1)
+    with_feedback = ctx.feedback is not None
+    for agg in range(world):
+        mine = [s for s in ctx.chunk.segments if s.owner == agg]
+        if not mine:
+            continue
         if rank != agg:
-            t_enc, mine = _encode(graph, ctx, f"p{p}/encode", (p, 0), x,
-                                  (p, "worker"))
-            t_send = _send(graph, ctx, f"p{p}/send", (p, 1), mine, agg, up, (t_enc,))
-            t_recv, result = _recv(graph, ctx, f"p{p}/recv", (p, 3), x, agg, down)
-            _decode(graph, ctx, f"p{p}/decode", (p, 4), result, x, False, 1.0 / world,
+            t_enc, upload = _encode(graph, ctx, f"to{agg}/encode", (0, agg), mine, "worker")
+            t_send = _send(graph, ctx, f"to{agg}/send", (1, agg), upload, agg, up, (t_enc,))
+            t_recv, reply = _recv(graph, ctx, f"from{agg}/recv", (3, agg), mine, agg, down)
+            # After the send: the encode has read these values before they are overwritten.
+            _decode(graph, ctx, f"from{agg}/decode", (4, agg), reply, mine, False, mean,
                     (t_recv, t_send))
             continue
         # The aggregator merges into its own values as they are (no encode round trip);
@@ -166,101 +204,129 @@ def build_ps(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
         t_prev: Task | None = None
         for src in range(world):
             if src != rank:
-                t_recv, theirs = _recv(graph, ctx, f"p{p}/recv{src}", (p, 1), x, src, up)
-                t_prev = _decode(graph, ctx, f"p{p}/merge{src}", (p, 2), theirs, x, True,
+                t_recv, theirs = _recv(graph, ctx, f"agg/recv{src}", (1, src), mine, src, up)
+                t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True,
                                  None, (t_prev, t_recv))
-        t_enc, total = _encode(graph, ctx, f"p{p}/reencode", (p, 2), x,
-                               (p, "aggregator"), (t_prev,))
+        # Its residuals are updated by its own final decode of the re-encoded payload.
+        t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator",
+                               (t_prev,), fused_feedback=False)
         for dst in range(world):
             if dst != rank:
-                _send(graph, ctx, f"p{p}/send{dst}", (p, 3), total, dst, down, (t_enc,))
-        _decode(graph, ctx, f"p{p}/decode", (p, 4), total, x, False, 1.0 / world, (t_enc,))
+                _send(graph, ctx, f"agg/send{dst}", (3, dst), total, dst, down, (t_enc,))
+        _decode(graph, ctx, "agg/decode", (4, world), total, mine, False, mean, (t_enc,),
+                "aggregator" if with_feedback else None)
 
 
-def build_ring(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
-               owners: list[int]) -> None:
-    """Compressed ring: reduce-scatter re-encoding at each hop, then forward chunks as is.
+def build_ring(ctx: Context, graph: Graph) -> None:
+    """Compressed ring: reduce-scatter re-encoding at each hop, then forward as is.
 
-    At reduce-scatter hop h, rank r receives chunk (r-h-1) mod N from its left, adds its
-    own values and re-encodes; after N-1 hops it owns chunk (r+1) mod N. The allgather
-    forwards the owners' payloads unchanged, so every rank decodes the same bytes.
+    The chunk's elements are cut into N runs (``Chunk.parts``). At reduce-scatter hop h,
+    rank r receives run (r-h-1) mod N from its left, adds its own values and re-encodes;
+    after N-1 hops it owns run (r+1) mod N. The allgather forwards the owners' messages
+    unchanged, so every rank decodes the same bytes.
     """
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
     left, right = (rank - 1) % world, (rank + 1) % world
-    per = slots("ring", world)
     mean = 1.0 / world
-    for p, sl in enumerate(parts):
-        x = buf[sl]
-        chunks = [x[c] for c in P.partition(x.size, world)]
-        t_last, payload = _encode(graph, ctx, f"p{p}/encode", (p, 0),
-                                  chunks[rank], (p, "worker"))
-        _send(graph, ctx, f"p{p}/rs-send0", (p, 1), payload, right, ctx.tag_of(p, 0, per),
-              (t_last,))
-        for h in range(world - 1):
-            c = (rank - h - 1) % world
-            t_recv, incoming = _recv(graph, ctx, f"p{p}/rs-recv{h}", (p, 2 * h + 1),
-                                     chunks[c], left, ctx.tag_of(p, h, per))
-            # Chunk c is read at this hop only; merge into it (final decodes overwrite it).
-            t_merge = _decode(graph, ctx, f"p{p}/rs-merge{h}", (p, 2 * h + 2), incoming,
-                              chunks[c], True, None, (t_last, t_recv))
-            site = (p, "owner") if h == world - 2 else (p, "hop", c)
-            t_last, payload = _encode(graph, ctx, f"p{p}/rs-encode{h}", (p, 2 * h + 2),
-                                      chunks[c], site, (t_merge,))
-            name = f"p{p}/rs-send{h + 1}" if h < world - 2 else f"p{p}/ag-send0"
-            _send(graph, ctx, name, (p, 2 * h + 3), payload, right,
-                  ctx.tag_of(p, h + 1, per), (t_last,))
-        # Our own reduced chunk: decode the bytes every other rank decodes.
-        own = (rank + 1) % world
-        _decode(graph, ctx, f"p{p}/decode{own}", (p, 2 * world), payload, chunks[own],
-                False, mean, (t_last,))
-        for g in range(world - 1):
-            c = (rank - g) % world
-            stage = 2 * world + 2 * g + 1
-            t_recv, final = _recv(graph, ctx, f"p{p}/ag-recv{g}", (p, stage), chunks[c], left,
-                                  ctx.tag_of(p, world - 1 + g, per))
-            if g < world - 2:
-                _send(graph, ctx, f"p{p}/ag-send{g + 1}", (p, stage + 1), final, right,
-                      ctx.tag_of(p, world + g, per), (t_recv,))
-            # t_last ends the reduce-scatter, after every read of this rank's values.
-            _decode(graph, ctx, f"p{p}/decode{c}", (p, stage + 1), final, chunks[c], False,
-                    mean, (t_recv, t_last))
+    runs = ctx.chunk.parts(world)
+    t_last, message = _encode(graph, ctx, "rs-encode", (0, 0), runs[rank], "worker")
+    _send(graph, ctx, "rs-send0", (1, 0), message, right, ctx.tag_of(0), (t_last,))
+    with_feedback = ctx.feedback is not None
+    for h in range(world - 1):
+        c = (rank - h - 1) % world
+        t_recv, incoming = _recv(graph, ctx, f"rs-recv{h}", (2 * h + 1, 0), runs[c], left,
+                                 ctx.tag_of(h))
+        # Run c is read at this hop only; merge into it (final decodes overwrite it).
+        t_merge = _decode(graph, ctx, f"rs-merge{h}", (2 * h + 2, 0), incoming, runs[c], True,
+                          None, (t_last, t_recv))
+        owner = h == world - 2
+        # The owner's residuals are updated by its own decode of the run, below.
+        t_last, message = _encode(graph, ctx, f"rs-encode{h}", (2 * h + 2, 1), runs[c],
+                                  "owner" if owner else "hop", (t_merge,),
+                                  fused_feedback=not owner)
+        name = f"rs-send{h + 1}" if not owner else "ag-send0"
+        _send(graph, ctx, name, (2 * h + 3, 0), message, right, ctx.tag_of(h + 1), (t_last,))
+    # Our own reduced run: decode the bytes every other rank decodes.
+    own = (rank + 1) % world
+    _decode(graph, ctx, f"decode{own}", (2 * world, 0), message, runs[own], False, mean,
+            (t_last,), "owner" if with_feedback else None)
+    for g in range(world - 1):
+        c = (rank - g) % world
+        stage = 2 * world + 2 * g + 1
+        t_recv, final = _recv(graph, ctx, f"ag-recv{g}", (stage, 0), runs[c], left,
+                              ctx.tag_of(world - 1 + g))
+        if g < world - 2:
+            _send(graph, ctx, f"ag-send{g + 1}", (stage + 1, 0), final, right,
+                  ctx.tag_of(world + g), (t_recv,))
+        # t_last ends the reduce-scatter, after every read of this rank's values.
+        _decode(graph, ctx, f"decode{c}", (stage + 1, 1), final, runs[c], False, mean,
+                (t_recv, t_last))
 
 
-def build_allgather(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
-                    owners: list[int]) -> None:
-    """Every rank encodes, payloads go to every rank, each decodes and sums in rank order."""
+def build_allgather(ctx: Context, graph: Graph) -> None:
+    """Every rank encodes the chunk, the message goes to every rank, each decodes and
+    sums in rank order."""
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
-    for p, sl in enumerate(parts):
-        x = buf[sl]
-        tag = ctx.tag_of(p, 0, 1)
-        t_enc, mine = _encode(graph, ctx, f"p{p}/encode", (p, 0), x,
-                              (p, "worker"))
-        sends = tuple(_send(graph, ctx, f"p{p}/send{dst}", (p, 1), mine, dst, tag, (t_enc,))
-                      for dst in range(world) if dst != rank)
-        t_prev: Task = t_enc
-        for src in range(world):
-            payload, t_in = mine, None
-            if src != rank:
-                t_in, payload = _recv(graph, ctx, f"p{p}/recv{src}", (p, 2), x, src, tag)
-            last = src == world - 1
-            # The same summation order on every rank keeps the results bitwise identical.
-            t_prev = _decode(graph, ctx, f"p{p}/decode{src}", (p, 3), payload, x, src != 0,
-                             1.0 / world if last else None,
-                             (t_prev, t_in, *(sends if last else ())))
+    segs = ctx.chunk.segments
+    tag = ctx.tag_of(0)
+    t_enc, mine = _encode(graph, ctx, "encode", (0, 0), segs, "worker")
+    sends = tuple(_send(graph, ctx, f"send{dst}", (1, dst), mine, dst, tag, (t_enc,))
+                  for dst in range(world) if dst != rank)
+    t_prev: Task = t_enc
+    for src in range(world):
+        message, t_in = mine, None
+        if src != rank:
+            t_in, message = _recv(graph, ctx, f"recv{src}", (2, src), segs, src, tag)
+        last = src == world - 1
+        # The same summation order on every rank keeps the results bitwise identical.
+        t_prev = _decode(graph, ctx, f"decode{src}", (3, src), message, segs, src != 0,
+                         1.0 / world if last else None,
+                         (t_prev, t_in, *(sends if last else ())))
 
 
-def build_none(ctx: Context, graph: Graph, buf: np.ndarray, parts: list[slice],
-               owners: list[int]) -> None:
-    """Plain (uncompressed) allreduce per partition, then the average."""
+def _contiguous(segs: list[Segment]) -> np.ndarray | None:
+    """The segments' elements as one array when they lie end to end in memory (a DDP
+    bucket's gradients do), else None. The array borrows their memory."""
+    if not segs:
+        return None
+    start = segs[0].view().ctypes.data
+    at = start
+    for s in segs:
+        if s.view().ctypes.data != at:
+            return None
+        at += 4 * s.n
+    total = (at - start) // 4
+    return np.ctypeslib.as_array((ctypes.c_float * total).from_address(start))
+
+
+def build_none(ctx: Context, graph: Graph) -> None:
+    """Plain (uncompressed) allreduce of the chunk, then the average: in place when its
+    segments lie end to end, else through one buffer copied in now (so that every rank
+    posts its allreduces in the same order) and back after."""
+    segs = ctx.chunk.segments
+    if ctx.chunk.numel == 0:
+        return  # nothing to reduce: an empty graph finishes at once, on every rank
     scale = np.float32(1.0 / ctx.world)
-    for p, sl in enumerate(parts):
-        x = buf[sl]
-        t_ar = graph.task(f"p{p}/allreduce", "post", (p, 0),
-                          partial(ctx.transport.allreduce, x))
-        graph.task(f"p{p}/average", "compute", (p, 1),
-                   partial(np.multiply, x, scale, out=x), deps=(t_ar,))
+    flat = _contiguous(segs)
+    inplace = flat is not None
+    if flat is None:
+        flat = ctx.scratch("flat", ctx.chunk.numel, np.float32)
+        if segs:
+            np.concatenate([s.view() for s in segs], out=flat)
+    buf = flat
+    t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(buf))
+
+    def average() -> None:
+        np.multiply(buf, scale, out=buf)
+        if not inplace:
+            offset = 0
+            for s in segs:
+                s.view()[...] = buf[offset:offset + s.n]
+                offset += s.n
+
+    graph.task("average", "compute", (1, 0), average, deps=(t_ar,))
 
 
 BUILDERS = {"ps": build_ps, "ring": build_ring, "allgather": build_allgather,

@@ -2,10 +2,11 @@
 
 For each tensor, in the order tensors arrive, ``CostPlanner`` tries every candidate —
 no compression, or each algorithm over ps, ring and allgather, with K = 1..N partitions
-— by scheduling its stages on a copy of the rank's lanes (``casync.timeline``) after
-everything already planned, and keeps the one that finishes first. So the decision
-counts pipelining across partitions and the work already queued on each lane: with a
-busy link it compresses more, with a busy compute lane less (Espresso's lesson).
+— by scheduling what the tensor adds to its chunk (its bytes and codec work, without the
+fixed costs the chunk's other tensors share) on a copy of the rank's lanes
+(``casync.timeline``) after everything already planned, and keeps the one that finishes
+first. So the decision counts the work already queued on each lane: with a busy link it
+compresses more, with a busy compute lane less (Espresso's lesson).
 
 Greedy choices are myopic (an early tensor's choice can crowd the lanes for later ones)
 and exploit the model's errors. So once the whole model is known (the engine calls
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .chunks import CHUNK_ELEMS
 from .costmodel import CostModel
 from .plan import Plan, Planner, StaticPlanner
 from .timeline import Lanes, predict
@@ -57,10 +59,6 @@ class Decision:
     finish: float
     uncompressed: float
 
-    @property
-    def seconds(self) -> float:
-        return self.finish - self.ready
-
 
 @dataclass
 class CostPlanner:
@@ -71,8 +69,6 @@ class CostPlanner:
         algorithms: algorithms it may compress with.
         topologies: compressed topologies it may use.
         max_partitions: cap on K (default: the world size).
-        small: tensors under this many elements are planned as one message of
-            ``small`` elements would be, since the engine batches them.
 
     Example:
         >>> planner = CostPlanner(CostModel.load("profile.json"), ("onebit",))
@@ -83,7 +79,6 @@ class CostPlanner:
     algorithms: tuple[str, ...] = ("onebit",)
     topologies: tuple[str, ...] = ("ps", "ring", "allgather")
     max_partitions: int | None = None
-    small: int = 262144
     lanes: Lanes = field(default_factory=Lanes, repr=False)
     decisions: dict[str, Decision] = field(default_factory=dict, repr=False)
     #: the whole-model plan ``fit`` chose, which ``plan`` follows; None before a fit
@@ -115,7 +110,9 @@ class CostPlanner:
         uncompressed = float("inf")
         for plan in self.candidates(numel, world):
             lanes = self.lanes.copy()
-            finish = predict(lanes, self.cost, plan, numel, world, ready)
+            finish = predict(lanes, self.cost, plan, numel, world, ready,
+                             segments=plan.partitions_for(numel) if plan.compress else 1,
+                             fixed=False)
             if not plan.compress:
                 uncompressed = min(uncompressed, finish)
             # Strictly better only: ties keep the simpler plan listed earlier.
@@ -127,8 +124,8 @@ class CostPlanner:
         self.decisions[name] = decision
         return decision
 
-    def fit(self, grads: Sequence[Any], world: int, fuse_below: int = 262144,
-            bucket_elems: int = 4 << 20) -> Planner:
+    def fit(self, grads: Sequence[Any], world: int,
+            chunk_elems: int = CHUNK_ELEMS) -> Planner:
         """Choose the plans of a whole model at once; ``plan`` follows them from now on.
 
         Simulates (``casync.simulate``) one iteration of ``grads`` (``Gradient``s in
@@ -147,13 +144,13 @@ class CostPlanner:
         candidates: dict[str, Planner] = {}
         for topos in ([self.topologies] if mixed else []) + [(t,) for t in self.topologies]:
             candidates["greedy " + "+".join(topos)] = CostPlanner(
-                self.cost, self.algorithms, topos, self.max_partitions, self.small)
+                self.cost, self.algorithms, topos, self.max_partitions)
         for algo in self.algorithms:
             for topo in self.topologies:
                 candidates[f"fixed {algo} {topo}"] = StaticPlanner(algo, topo)
         self.predictions = {
             label: simulate(self.cost, world, grads, "casync", planner=planner,
-                            fuse_below=fuse_below, bucket_elems=bucket_elems).end
+                            chunk_elems=chunk_elems).end
             for label, planner in candidates.items()}
 
         default = self.topologies[0]
@@ -174,16 +171,6 @@ class CostPlanner:
         the whole-model plan, after ``fit``)."""
         if self.fitted is not None:
             return self.fitted.plan(name, numel, world_size)
-        if numel < self.small:
-            # Batched with its neighbours: price a whole batch, apart from the lanes.
-            key = f"<small x{world_size}>"
-            if key not in self.decisions:
-                saved = self.lanes
-                self.lanes = Lanes()
-                self.choose(key, self.small, world_size)
-                self.lanes = saved
-            plan = self.decisions[key].plan
-            return Plan(plan.topology, plan.algorithm, 1, plan.params)
         decision = self.decisions.get(name)
         if decision is None or decision.numel != numel:
             decision = self.choose(name, numel, world_size)
@@ -192,5 +179,5 @@ class CostPlanner:
     def __repr__(self) -> str:
         # Used in the engine's config agreement check: same model, same planner.
         return (f"CostPlanner({self.algorithms}, {self.topologies}, world={self.cost.world}, "
-                f"max_partitions={self.max_partitions}, small={self.small}, "
+                f"max_partitions={self.max_partitions}, "
                 f"profile={self.cost.digest})")

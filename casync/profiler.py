@@ -109,7 +109,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
 
 
 #: the primitives a profile holds; a cached profile of another format is measured again
-PROFILE_FORMAT = 2
+PROFILE_FORMAT = 3
 
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
@@ -154,11 +154,14 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
 
 
-def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
-                    reps: int) -> Linear:
-    """The engine's own cost per graph: Synchronizer steps of T tiny tensors, each its
-    own graph, timed for two T; the per-graph slope beyond what the primitives above
-    predict for the same graphs is the overhead (graph building, dispatch, threads)."""
+def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
+                     reps: int) -> tuple[Linear, Linear]:
+    """The engine's own cost per chunk graph and per segment, beyond its primitives.
+
+    Synchronizer steps of T tiny tensors are timed for two T, once with every tensor in a
+    chunk of its own and once with all of them in one chunk; each slope beyond what the
+    primitives above predict for the same steps is the overhead (graph building,
+    dispatch, threads; per segment: its submit, views, RNG site and residual)."""
     import torch
 
     from .plan import StaticPlanner
@@ -168,35 +171,39 @@ def _graph_overhead(transport: Transport, model: CostModel, algo: str, topology:
     algorithm = "none" if topology == "none" else algo
     planner = StaticPlanner(algorithm, topology if topology != "none" else "ps",
                             min_compress=0, partition_bytes=1 << 30)
-    sync = Synchronizer(algorithm, planner=planner, fuse_below=0, group=transport.group,
-                        transport=transport, timeout=600)
-    counts = (16, 64)
-    measured = []
-    try:
-        for count in counts:
-            tensors = [torch.ones(256) for _ in range(count)]
+    counts, size = (16, 64), 256
+    slopes = []
+    for chunk_elems in (size, 1 << 30):  # a chunk per tensor; one chunk for all
+        sync = Synchronizer(algorithm, planner=planner, group=transport.group,
+                            transport=transport, timeout=600, chunk_elems=chunk_elems)
+        measured = []
+        try:
+            for count in counts:
+                tensors = [torch.ones(size) for _ in range(count)]
 
-            def step(_: int, tensors: list[Any] = tensors) -> None:
-                for i, t in enumerate(tensors):
-                    sync.submit(f"g{i}", t)
-                sync.synchronize()
+                def step(_: int, tensors: list[Any] = tensors, sync: Any = sync) -> None:
+                    for i, t in enumerate(tensors):
+                        sync.submit(f"g{i}", t)
+                    sync.synchronize()
 
-            step(0)
-            times = []
-            for _ in range(reps):
-                transport.dist.barrier(group=transport.group)
-                t0 = time.perf_counter()
                 step(0)
-                times.append(time.perf_counter() - t0)
-            measured.append(statistics.median(times))
-    finally:
-        sync.close()
-    measured = _max_over_ranks(transport, measured)
-    predicted = [simulate(model, transport.size, [Gradient(f"g{i}", 256) for i in range(n)],
-                          "casync", planner=planner, fuse_below=0).end for n in counts]
-    slope = (measured[1] - measured[0]) / (counts[1] - counts[0])
-    model_slope = (predicted[1] - predicted[0]) / (counts[1] - counts[0])
-    return Linear(max(slope - model_slope, 0.0), 0.0)
+                times = []
+                for _ in range(reps):
+                    transport.dist.barrier(group=transport.group)
+                    t0 = time.perf_counter()
+                    step(0)
+                    times.append(time.perf_counter() - t0)
+                measured.append(statistics.median(times))
+        finally:
+            sync.close()
+        measured = _max_over_ranks(transport, measured)
+        predicted = [simulate(model, transport.size,
+                              [Gradient(f"g{i}", size) for i in range(n)], "casync",
+                              planner=planner, chunk_elems=chunk_elems).end for n in counts]
+        slopes.append(((measured[1] - measured[0]) - (predicted[1] - predicted[0]))
+                      / (counts[1] - counts[0]))
+    per_tensor = max(slopes[1], 0.0)
+    return Linear(max(slopes[0] - per_tensor, 0.0), 0.0), Linear(per_tensor, 0.0)
 
 
 #: floats merged before each timed exchange (see ``_exchange``)
@@ -362,9 +369,10 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         say(f"compute/communication overlap: {overlap:.2f}")
         model = CostModel(transport.size, dict(costs), 1, {}, overlap)
         for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
-            costs[f"graph/{topo}"] = _graph_overhead(transport, model, algorithms[0]
-                                                     if algorithms else "none", topo, reps)
-            say(f"engine overhead per {topo} graph: {costs[f'graph/{topo}'].a * 1e6:.0f} µs")
+            costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
+                transport, model, algorithms[0] if algorithms else "none", topo, reps)
+            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
+                f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,

@@ -2,8 +2,8 @@
 
 ``simulate`` walks a model's gradients in backward order (each ready when backward has
 produced it), groups them the way a strategy does (DDP's 25 MB buckets, the engine's
-batches of small tensors, BytePS's per-tensor partitions), plans each group and
-schedules its stages on one rank's lanes (``casync.timeline``). The planner, the
+chunks, BytePS's per-tensor partitions), plans each group and schedules its stages on
+one rank's lanes (``casync.timeline``). The planner, the
 simulator and the validation against ``bench sync`` share this one model.
 
 Strategies: ``allreduce`` (uncompressed, 25 MB buckets), ``naive`` (per tensor:
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .chunks import CHUNK_ELEMS, Chunk, Chunker
 from .costmodel import CostModel
 from .plan import Plan, Planner
 from .planner import CostPlanner
@@ -41,13 +42,15 @@ class Gradient:
 
 @dataclass(frozen=True)
 class Unit:
-    """What one message group carried: its label, size, plan and predicted times."""
+    """What one chunk (or bucket) carried: its label, size, plan, predicted times and how
+    many tensors it held."""
 
     name: str
     numel: int
     plan: Plan | None
     ready: float
     finish: float
+    tensors: int = 1
 
 
 @dataclass
@@ -89,51 +92,42 @@ def _label(group: list[Gradient]) -> str:
     return f"bucket[{group[0].name}..{group[-1].name}]" if len(group) > 1 else group[0].name
 
 
+@dataclass(eq=False)
+class _Tensor:
+    """A gradient as the chunker sees it (``casync.chunks.Entry``'s fields it reads)."""
+
+    name: str
+    numel: int
+    pending: int = 0
+
+
 def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,
-            fuse_below: int, bucket_elems: int) -> Result:
-    """The engine's grouping: small tensors batched (raw or packed), the rest alone."""
+            chunk_elems: int, coalesce: bool) -> Result:
+    """The engine's grouping: tensors planned one by one in arrival order, cut into
+    segments and coalesced into chunks (``casync.chunks.Chunker``); each chunk is
+    scheduled when it closes, as one chain."""
     if isinstance(planner, CostPlanner) and planner.fitted is not None:
         planner = planner.fitted  # a whole-model plan: follow it
-    own = Lanes()
+    lanes = Lanes()
     if isinstance(planner, CostPlanner):
-        planner.lanes = own
+        planner.lanes = Lanes()  # its per-tensor choices, from an empty iteration
     result = Result("casync", 0.0)
-    buckets: dict[bool, list[Gradient]] = {False: [], True: []}
+    chunker = Chunker(world, chunk_elems, coalesce)
 
-    def run(name: str, numel: int, ready: float, plan: Plan | None = None) -> None:
-        if plan is None and isinstance(planner, CostPlanner) and numel >= planner.small:
-            d = planner.choose(name, numel, world, ready)  # schedules it while choosing
-            result.units.append(Unit(name, numel, d.plan, ready, d.finish))
-            return
-        if plan is None:
-            plan = planner.plan(name, numel, world)
-        lanes = planner.lanes if isinstance(planner, CostPlanner) else own
-        finish = predict(lanes, cost, plan, numel, world, ready)
-        result.units.append(Unit(name, numel, plan, ready, finish))
-
-    def flush(packed: bool, ready: float) -> None:
-        items = buckets[packed]
-        buckets[packed] = []
-        if not items:
-            return
-        numel = sum(g.numel for g in items)
-        name = _label(items)
-        if len(items) > 1:  # the engine concatenates a bucket, and copies it back after
-            lanes = planner.lanes if isinstance(planner, CostPlanner) else own
-            ready = lanes.place("compute", ready, 2 * cost.merge(numel / cost.gpus))
-        run(name, numel, ready, None if packed else Plan("none", None, 1))
+    def run(chunks: list[Chunk], ready: float) -> None:
+        for chunk in chunks:
+            finish = predict(lanes, cost, chunk.plan, chunk.numel, world, ready,
+                             segments=len(chunk.segments))
+            result.units.append(Unit(chunk.label, chunk.numel, chunk.plan, ready, finish,
+                                     len({id(s.entry) for s in chunk.segments})))
 
     for g in grads:
-        if g.numel < fuse_below:
-            packed = planner.plan(g.name, g.numel, world).compress
-            buckets[packed].append(g)
-            if sum(x.numel for x in buckets[packed]) >= bucket_elems:
-                flush(packed, g.ready)
-            continue
-        run(g.name, g.numel, g.ready)
-    end = grads[-1].ready if grads else 0.0
-    flush(False, end)
-    flush(True, end)
+        if isinstance(planner, CostPlanner):
+            plan = planner.choose(g.name, g.numel, world, g.ready).plan
+        else:
+            plan = planner.plan(g.name, g.numel, world)
+        run(chunker.add(_Tensor(g.name, g.numel), plan), g.ready)
+    run(chunker.flush(), grads[-1].ready if grads else 0.0)
     result.end = max((u.finish for u in result.units), default=0.0)
     return result
 
@@ -184,7 +178,7 @@ def _powersgd(cost: CostModel, world: int, grads: Sequence[Gradient], rank: int)
 
 def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: str, *,
              planner: Planner | None = None, algorithm: str = "onebit",
-             fuse_below: int = 262144, bucket_elems: int = 4 << 20,
+             chunk_elems: int = CHUNK_ELEMS, coalesce: bool = True,
              powersgd_rank: int = 4) -> Result:
     """Predict when one iteration's synchronization of ``grads`` ends.
 
@@ -195,7 +189,8 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
         strategy: ``allreduce``, ``naive``, ``powersgd`` or ``casync``.
         planner: for ``casync``: a ``StaticPlanner`` or a ``CostPlanner``.
         algorithm: for ``naive``.
-        fuse_below, bucket_elems: the engine's batching of small tensors.
+        chunk_elems: the engine's chunk size (``casync.chunks``).
+        coalesce: off, a chunk per tensor partition (per-tensor engines: BytePS).
         powersgd_rank: the rank of PowerSGD's factors.
 
     Returns:
@@ -224,7 +219,6 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
     if strategy == "casync":
         if planner is None:
             raise ValueError("strategy 'casync' needs a planner")
-        result = _casync(cost, world, grads, planner, fuse_below, bucket_elems)
-        return result
+        return _casync(cost, world, grads, planner, chunk_elems, coalesce)
     raise ValueError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd "
                      "or casync")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Hashable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -14,7 +14,7 @@ from compll.payload import VERSION, algorithm_id
 from hipress.codec import Codec
 from hipress.errors import ConfigError, SyncError
 
-from . import primitives as P
+from .chunks import CHUNK_ELEMS, Chunk, Chunker, Entry
 from .executor import Executor, Graph
 from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context, slots
@@ -35,23 +35,6 @@ def default_timeout() -> float:
     if value <= 0:
         raise ConfigError(f"HIPRESS_TIMEOUT must be positive, not {value}")
     return value
-
-
-@dataclass
-class _Entry:
-    """A submitted tensor: where its float32 values live and how to give them back."""
-
-    name: str
-    tensor: Any
-    buf: np.ndarray
-    write_back: bool
-    future: Any
-
-
-@dataclass
-class _Bucket:
-    entries: list[_Entry] = field(default_factory=list)
-    numel: int = 0
 
 
 def _future() -> Any:
@@ -83,19 +66,25 @@ def _stage(tensor: Any) -> tuple[np.ndarray, bool]:
     return t.to(device="cpu", dtype=torch.float32).contiguous().view(-1).numpy(), True
 
 
-def _give_back(entry: _Entry, values: np.ndarray) -> None:
+def _give_back(entry: Entry) -> None:
     if not entry.write_back:
         return
     if isinstance(entry.tensor, np.ndarray):
-        entry.tensor[...] = values.reshape(entry.tensor.shape)
+        entry.tensor[...] = entry.buf.reshape(entry.tensor.shape)
         return
     import torch
 
-    entry.tensor.detach().copy_(torch.from_numpy(values).view(entry.tensor.shape))
+    entry.tensor.detach().copy_(torch.from_numpy(entry.buf).view(entry.tensor.shape))
 
 
 class Synchronizer:
     """Averages gradients across the ranks of a Gloo group with compression-aware graphs.
+
+    A step's tensors are coalesced into chunks (``casync.chunks``): each tensor keeps
+    its own payload, but a chunk travels as one message per peer and stage and is
+    encoded and decoded by batched kernel calls, so a step costs messages per chunk,
+    not per tensor. A chunk starts as soon as it is full; ``end_step`` (or
+    ``synchronize``) sends the rest.
 
     Args:
         algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
@@ -107,8 +96,7 @@ class Synchronizer:
         group: the process group (Gloo); default the world.
         timeout: seconds before a silent peer raises ``SyncError``
             (default ``HIPRESS_TIMEOUT`` or 300).
-        fuse_below: tensors under this many elements are batched into buckets.
-        bucket_elems: a bucket is sent when it holds this many elements.
+        chunk_elems: a chunk is sent once it holds this many elements.
         seed: the RNG seed of stochastic algorithms (the same on every rank).
         transport: a ``Transport`` (tests instrument it); by default built on ``group``.
         trace: record task timings in ``executor.trace``.
@@ -125,7 +113,7 @@ class Synchronizer:
     def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
                  planner: Planner | str | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
-                 fuse_below: int = 262144, bucket_elems: int = 4 << 20, seed: int = 0,
+                 chunk_elems: int = CHUNK_ELEMS, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  trace: bool = False, **params: Any) -> None:
         if isinstance(planner, str) and planner not in ("auto", "static"):
@@ -137,10 +125,9 @@ class Synchronizer:
         self.timeout = default_timeout() if timeout is None else float(timeout)
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive, not {self.timeout}")
-        if fuse_below < 0 or bucket_elems < 1:
-            raise ConfigError("fuse_below must be >= 0 and bucket_elems >= 1")
-        self.fuse_below = int(fuse_below)
-        self.bucket_elems = int(bucket_elems)
+        if chunk_elems < 1:
+            raise ConfigError(f"chunk_elems must be at least 1, not {chunk_elems}")
+        self.chunk_elems = int(chunk_elems)
         self.seed = int(seed)
         self.target = target
         self.transport = transport if transport is not None else Transport(group)
@@ -150,19 +137,19 @@ class Synchronizer:
             from .profiler import cached
 
             cost = cached(self.transport, (algorithm,), target)
-            self.planner = CostPlanner(cost, (algorithm,), small=max(self.fuse_below, 1))
+            self.planner = CostPlanner(cost, (algorithm,))
         self.step = 0
         self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
         self._feedback: dict[str, ErrorFeedback] = {}
         self._tag = 0
-        self._buckets = {"raw": _Bucket(), "packed": _Bucket()}
+        self._chunker = Chunker(self.size, self.chunk_elems)
         self._names: set[str] = set()
+        self._done = threading.Lock()  # chunks finish on the executor's threads
         # A planner that plans whole models (CostPlanner.fit) learns this step's tensors.
         self._fit = getattr(self.planner, "fit", None) if self.size > 1 else None
         self._seen: list[tuple[str, int]] = []
         self._fitted: list[tuple[str, int]] | None = None
         self._fits = 0
-        self._load = [0] * self.size
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, np.ndarray] = {}
@@ -201,6 +188,7 @@ class Synchronizer:
             "error feedback": self.error_feedback,
             "seed": self.seed,
             "planner": repr(self.planner),
+            "chunk elements": self.chunk_elems,
         }
         if self.algorithm is not None:
             probe = self.codec(Plan(self.topology if self.topology != "none" else "ps",
@@ -232,8 +220,8 @@ class Synchronizer:
     def submit(self, name: str, tensor: Any) -> Any:
         """Queue ``tensor`` to be averaged in place across ranks.
 
-        Tensors must be submitted in the same order on every rank within a step.
-        Small tensors wait in a bucket until it fills or ``synchronize()`` runs.
+        Tensors must be submitted in the same order on every rank within a step. A
+        tensor waits in its chunk until the chunk fills or the step ends.
 
         Returns:
             A ``torch.futures.Future`` resolving to ``tensor`` once it holds the average.
@@ -252,49 +240,26 @@ class Synchronizer:
         if not self._names:
             self._settle()
             self.health.progress(self.step)
-        entry = _Entry(name, tensor, buf, write_back, _future())
+        entry = Entry(name, tensor, buf, write_back, _future())
         self._names.add(name)
         if self._fit is not None:
             self._seen.append((name, buf.size))
         if self.size == 1:
-            _give_back(entry, buf)
+            _give_back(entry)
             entry.future.set_result(tensor)
             return entry.future
-        if buf.size < self.fuse_below:
-            # Tensors the plan would not compress travel in a raw bucket (allreduce);
-            # the others in a packed one, one payload per tensor in one message.
-            kind = "packed" if self.planner.plan(name, buf.size, self.size).compress \
-                else "raw"
-            bucket = self._buckets[kind]
-            bucket.entries.append(entry)
-            bucket.numel += buf.size
-            if bucket.numel >= self.bucket_elems:
-                self._flush(kind)
-            return entry.future
-        self._launch([entry], buf, name, name)
+        plan = self.planner.plan(name, buf.size, self.size)
+        for chunk in self._chunker.add(entry, plan):
+            self._launch(chunk)
         return entry.future
 
     def flush(self) -> None:
-        """Send the current buckets of small tensors now."""
-        for kind in ("raw", "packed"):
-            self._flush(kind)
-
-    def _flush(self, kind: str) -> None:
-        bucket = self._buckets[kind]
-        self._buckets[kind] = _Bucket()
-        if not bucket.entries:
-            return
-        names = [e.name for e in bucket.entries]
-        buf = np.concatenate([e.buf for e in bucket.entries]) if len(names) > 1 \
-            else bucket.entries[0].buf
-        label = f"bucket[{names[0]}..{names[-1]}]" if len(names) > 1 else names[0]
-        bounds = [int(b) for b in np.cumsum([0] + [e.buf.size for e in bucket.entries])]
-        plan = Plan("none", None, 1) if kind == "raw" else None
-        self._launch(bucket.entries, buf, label, ("bucket", *names),
-                     bounds if len(names) > 1 else None, plan)
+        """Send the chunks still filling now (DDP's hook does at the end of a bucket)."""
+        for chunk in self._chunker.flush():
+            self._launch(chunk)
 
     def synchronize(self) -> None:
-        """Finish the step: send the last bucket, wait for every tensor, then advance.
+        """Finish the step: send the last chunks, wait for every tensor, then advance.
 
         Raises:
             SyncError: a peer died, stalled past the timeout or sent bad data.
@@ -303,17 +268,17 @@ class Synchronizer:
         self._settle()
 
     def end_step(self) -> None:
-        """Close the step without waiting: send the last bucket and advance the step.
+        """Close the step without waiting: send the last chunks and advance the step.
 
         For callers that wait on the futures themselves (the DDP comm hook). The next
         step's first ``submit`` makes sure this step's sends have left before their
         buffers are reused.
         """
         self.flush()
+        self._chunker.end_step()
         self._previous.extend(self._step_graphs)
         self._step_graphs = []
         self._names.clear()
-        self._load = [0] * self.size
         self._refit()
         self.step += 1
 
@@ -329,7 +294,7 @@ class Synchronizer:
         from .simulate import Gradient
 
         self._fit([Gradient(name, numel) for name, numel in seen], self.size,
-                  fuse_below=self.fuse_below, bucket_elems=self.bucket_elems)
+                  chunk_elems=self.chunk_elems)
         self._fitted = seen
         self._fits += 1
 
@@ -359,39 +324,24 @@ class Synchronizer:
 
     # -- graphs -------------------------------------------------------------------------
 
-    def _owners(self, parts: list[slice]) -> list[int]:
-        """Aggregators for ps partitions: the least-loaded rank, ties rotating with the
-        graph's place in the step. The same tensor gets the same aggregators every step,
-        so an aggregator's error-feedback residual is applied at its next re-encode."""
-        owners = []
-        for sl in parts:
-            start = len(self._step_graphs) % self.size
-            rank = min(range(self.size),
-                       key=lambda r: (self._load[r], (r - start) % self.size))
-            self._load[rank] += sl.stop - sl.start
-            owners.append(rank)
-        return owners
-
-    def _launch(self, entries: list[_Entry], buf: np.ndarray, label: str,
-                key: Hashable, bounds: list[int] | None = None,
-                plan: Plan | None = None) -> None:
-        if plan is None:
-            plan = self.planner.plan(label, buf.size, self.size)
-        k = plan.partitions_for(buf.size)
-        parts = P.partition(buf.size, k)
+    def _launch(self, chunk: Chunk) -> None:
+        plan = chunk.plan
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
-                      self.step, self._tag, key, self._pool, bounds, buf)
-        self._tag = (self._tag + k * slots(plan.topology, self.size)) % tag_space
-        graph = Graph(label, self.step)
+                      self.step, self._tag, chunk, self._pool)
+        self._tag = (self._tag + slots(plan.topology, self.size)) % tag_space
+        graph = Graph(chunk.label, self.step)
+        entries = list(dict.fromkeys(s.entry for s in chunk.segments))
 
         def done() -> None:
-            offset = 0
-            for entry in entries:
-                if buf is not entry.buf:  # a bucket: copy each tensor's slice back
-                    entry.buf[...] = buf[offset:offset + entry.buf.size]
-                _give_back(entry, entry.buf)
-                offset += entry.buf.size
+            finished = []
+            with self._done:
+                for seg in chunk.segments:
+                    seg.entry.pending -= 1
+                    if seg.entry.pending == 0:
+                        finished.append(seg.entry)
+            for entry in finished:
+                _give_back(entry)
                 entry.future.set_result(entry.tensor)
 
         def failed(error: BaseException) -> None:
@@ -400,7 +350,7 @@ class Synchronizer:
                     entry.future.set_exception(error)
 
         try:  # builders post the graph's receives
-            BUILDERS[plan.topology](ctx, graph, buf, parts, self._owners(parts))
+            BUILDERS[plan.topology](ctx, graph)
         except RuntimeError as exc:  # Gloo's error for a peer already gone
             error = self.executor.reject(graph, exc)
             failed(error)

@@ -8,12 +8,13 @@ tensor becomes a *chain* of stages that run in order; a stage occupies its lane 
 ``busy`` seconds and then waits ``wait`` more seconds for work that other ranks do
 (an aggregator's merge, say), without holding any lane of ours.
 
-The chains follow ``casync.graphs`` as seen by an average rank: in ``ps`` every rank
-aggregates 1/N of the partitions, so a stage's lane time is the per-rank share while
-its latency is the aggregator's whole job. ``Lanes`` places each stage in the earliest
-gap of its lane after the stage is ready (list scheduling with backfilling, as the
-executor runs the highest-priority ready task), so partitions pipeline and tensors
-overlap.
+The unit is the engine's: a chunk (``casync.chunks``) of many segments becomes one chain,
+following ``casync.graphs`` as seen by an average rank (in ``ps`` every rank aggregates
+1/N of each chunk). Its codec calls are batched over the chunk and its messages carry
+the whole chunk, so fixed costs count once per call and message, not per tensor.
+``Lanes`` places each stage in the earliest gap of its lane after the stage is ready
+(list scheduling with backfilling, as the executor runs the highest-priority ready
+task), so chunks pipeline.
 """
 
 from __future__ import annotations
@@ -77,96 +78,112 @@ class Lanes:
             t = self.place(stage.lane, t, stage.busy) + stage.wait
         return t
 
-    def busy_until(self, lane: str) -> float:
-        """When the lane's last occupied stretch ends (0 if never used)."""
-        starts = self._starts.get(lane)
-        return starts[-1] if starts else 0.0
+
+class _Costs:
+    """The model's primitive costs for one chain, with or without their fixed parts."""
+
+    def __init__(self, cost: CostModel, algo: str | None, fixed: bool) -> None:
+        self.cost, self.algo, self.fixed, self.g = cost, algo, fixed, cost.gpus
+
+    def _at(self, key: str, x: float) -> float:
+        fit = self.cost._get(key)
+        return fit(x) if self.fixed else fit.b * x
+
+    def enc(self, v: float) -> float:
+        return self._at(f"encode/{self.algo}", v / self.g)
+
+    def dec(self, v: float) -> float:
+        return self._at(f"decode/{self.algo}", v / self.g)
+
+    def nbytes(self, v: float) -> float:
+        return self.g * self.cost.nbytes(str(self.algo), v / self.g)
+
+    def wire(self, nbytes: float) -> Stage:
+        busy, latency = self.cost.wire(nbytes)
+        return Stage("net", busy, latency if self.fixed else 0.0)
 
 
-def _codec_stages(cost: CostModel, topology: str, algo: str, x: float, world: int) -> list[Stage]:
-    """One compressed partition of ``x`` elements among ``world`` nodes."""
-    g = cost.gpus
+def _codec_stages(c: _Costs, topology: str, x: float, world: int) -> list[Stage]:
+    """One compressed chunk of ``x`` elements among ``world`` nodes, as seen by a rank."""
     n = world
-    share = (n - 1) / n
-
-    def enc(v: float) -> float:
-        return cost.encode(algo, v / g)
-
-    def dec(v: float) -> float:
-        return cost.decode(algo, v / g)
-
-    def nbytes(v: float) -> float:
-        return g * cost.nbytes(algo, v / g)
-
     if topology == "ps":
-        # The aggregator's link carries N-1 payloads; this rank's lane carries its 1/N
-        # share of all the aggregators' bytes, and waits for the rest.
-        wire, latency = cost.wire((n - 1) * nbytes(x))
-        net = Stage("net", wire / n, wire - wire / n + latency)
-        agg = (n - 1) * dec(x) + enc(x)
-        return [Stage("compute", enc(x) * share, enc(x) / n), net,
-                Stage("compute", agg / n, agg - agg / n), net,
-                Stage("compute", dec(x))]  # the decode also averages
+        # Every rank aggregates 1/N of the chunk and works for the rest: one batched encode
+        # and one message per aggregator, N-1 merges, a re-encode and a final decode of its
+        # own share, one reply from each aggregator and their decodes.
+        share, mine = x / n, x - x / n
+        wire = c.wire((n - 1) * c.nbytes(share))
+        agg = (n - 1) * c.dec(share) + c.enc(share) + c.dec(share)
+        return [Stage("compute", (n - 1) * c.enc(share)), wire, Stage("compute", agg), wire,
+                Stage("compute", (n - 1) * c.dec(share) if mine else 0.0)]
     if topology == "ring":
-        c = x / n
-        hop = Stage("net", *cost.wire(nbytes(c)))
-        out = [Stage("compute", enc(c))]
+        run = x / n
+        hop = c.wire(c.nbytes(run))
+        out = [Stage("compute", c.enc(run))]
         for _ in range(n - 1):
-            out += [hop, Stage("compute", dec(c) + enc(c))]
+            out += [hop, Stage("compute", c.dec(run) + c.enc(run))]
         out += [hop for _ in range(n - 1)]
-        return out + [Stage("compute", n * dec(c))]  # the decodes also average
+        return out + [Stage("compute", n * c.dec(run))]  # the decodes also average
     if topology == "allgather":
-        return [Stage("compute", enc(x)), Stage("net", *cost.wire((n - 1) * nbytes(x))),
-                Stage("compute", n * dec(x))]  # the last decode also averages
+        # the last decode accumulates, then a pass averages
+        return [Stage("compute", c.enc(x)), c.wire((n - 1) * c.nbytes(x)),
+                Stage("compute", n * c.dec(x) + c.cost.merge(x / c.g))]
     raise ValueError(f"no compressed chain for topology {topology!r}")
 
 
-def chains(cost: CostModel, plan: Plan, numel: int, world: int,
-           engine: bool = True) -> list[list[Stage]]:
-    """The stage chains of one tensor (or bucket) synchronized under ``plan``: one per
-    partition, and before them one-stage chains of CPU work spent alongside (the
-    engine's per-graph cost, a collective's share of the cores), all ready together.
+def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 1,
+           engine: bool = True, fixed: bool = True) -> list[list[Stage]]:
+    """The stage chains of one chunk of ``numel`` elements in ``segments`` segments
+    synchronized under ``plan``: its chain, and before it one-stage chains of CPU work
+    spent alongside (the engine's cost per chunk graph and per segment, a collective's
+    share of the cores), all ready together.
 
     Args:
         cost: the cost model.
-        plan: topology, algorithm and partitions K.
-        numel: elements of the tensor.
+        plan: topology and algorithm (a chunk mixes tensors of any K).
+        numel: elements of the chunk.
         world: nodes taking part (``cost.gpus`` workers each).
-        engine: add CaSync's own cost per partition sub-graph (``graph/TOPOLOGY``); off for
-            baselines that do not run through the engine.
+        segments: payloads in the chunk (a tensor's partitions count one each).
+        engine: add CaSync's own cost per graph and per segment (``graph/TOPOLOGY``,
+            ``tensor/TOPOLOGY``); off for baselines that do not run through the engine.
+        fixed: count fixed costs (latencies, per-call costs); off to price what one more
+            tensor adds to a chunk shared with others (the planner's per-tensor choice).
 
     Example:
         >>> cluster = CostModel.cluster(4, 1, 25e9)   # on paper: no per-graph cost
         >>> len(chains(cluster, Plan("ring", "onebit", 2), 1 << 20, 4))
-        2
+        1
     """
-    k = max(1, min(plan.partitions, numel))
-    out, beside = [], []
-    for i in range(k):
-        x = numel // k + (1 if i < numel % k else 0)
-        inner = [Stage("intra", cost.intra(4 * x))] if cost.gpus > 1 else []
-        post = list(inner)
-        if world > 1 and plan.topology == "none":
-            # A collective runs alone on its group and its measured time already holds
-            # its own CPU work, so it stays whole on the link, one after another; the
-            # share of the cores it takes meanwhile is charged beside it. (With several
-            # GPUs the node's shards cross its one link together.)
-            busy = cost.allreduce(x, world)
-            out.append(inner + [Stage("net", busy),
-                                Stage("compute", cost.merge(x / cost.gpus))] + post)
-            beside.append([Stage("compute", (1 - _overlap(cost)) * busy)])
-            continue
-        if world > 1:
-            assert plan.algorithm is not None
-            inner += _codec_stages(cost, plan.topology, plan.algorithm, x, world)
-        out.append(on_host(cost, inner + post))
-    overhead = cost.costs.get(f"graph/{plan.topology}")
-    if engine and overhead is not None:
-        # The engine's own cost of running a graph (tasks, dispatch, messages), measured
-        # on one-partition graphs: each partition is such a sub-graph of its own. It is
-        # spent on the cores while the sub-graph runs, as its tasks become ready, so it
-        # occupies the compute lane beside the chain rather than before it.
-        beside += [[Stage("compute", overhead.a)] for _ in out]
+    x = float(numel)
+    inner = [Stage("intra", cost.intra(4 * x))] if cost.gpus > 1 else []
+    out: list[list[Stage]] = []
+    beside: list[list[Stage]] = []
+    if world > 1 and plan.topology == "none":
+        # A collective runs alone on its group and its measured time already holds its own
+        # CPU work, so it stays whole on the link, one after another; the share of the
+        # cores it takes meanwhile is charged beside it. The engine copies the chunk into
+        # one buffer first and averages it and copies it back after.
+        busy = cost.allreduce(x, world, fixed)
+        merge = cost.merge(x / cost.gpus) if fixed else cost._get("merge").b * x / cost.gpus
+        out.append(inner + [Stage("compute", merge), Stage("net", busy),
+                            Stage("compute", 2 * merge)] + inner)
+        beside.append([Stage("compute", (1 - _overlap(cost)) * busy)])
+    elif world > 1:
+        assert plan.algorithm is not None
+        c = _Costs(cost, plan.algorithm, fixed)
+        out.append(on_host(cost, inner + _codec_stages(c, plan.topology, x, world) + inner))
+    else:
+        out.append(inner)
+    if engine:
+        # The engine's own cost of running a chunk's graph (tasks, dispatch, messages) and
+        # of each segment in it, measured on the engine: spent on the cores while the graph
+        # runs, as its tasks become ready, so it occupies the compute lane beside the chain
+        # rather than before it.
+        per_graph = cost.costs.get(f"graph/{plan.topology}")
+        per_tensor = cost.costs.get(f"tensor/{plan.topology}")
+        if per_graph is not None and fixed:
+            beside.append([Stage("compute", per_graph.a)])
+        if per_tensor is not None:
+            beside.append([Stage("compute", segments * per_tensor.a)])
     return beside + out
 
 
@@ -199,8 +216,8 @@ def on_host(cost: CostModel, chain: list[Stage]) -> list[Stage]:
 
 
 def predict(lanes: Lanes, cost: CostModel, plan: Plan, numel: int, world: int,
-            ready: float, engine: bool = True) -> float:
-    """Schedule a tensor's chains on ``lanes`` from ``ready``; return when its last
-    partition finishes."""
+            ready: float, segments: int = 1, engine: bool = True, fixed: bool = True) -> float:
+    """Schedule a chunk's chains on ``lanes`` from ``ready``; return when it finishes."""
     return max((lanes.run(chain, ready)
-                for chain in chains(cost, plan, numel, world, engine)), default=ready)
+                for chain in chains(cost, plan, numel, world, segments, engine, fixed)),
+               default=ready)

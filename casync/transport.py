@@ -131,7 +131,8 @@ class Transport:
             raise ConfigError(f"CaSync moves host buffers and needs a Gloo group, not "
                               f"{backend!r}; create one with dist.new_group(backend='gloo')")
         self.bytes_sent = 0
-        self.messages_sent = 0
+        self.messages_sent = 0  # point-to-point sends
+        self.collectives = 0  # allreduces
         bandwidth = bandwidth or os.environ.get("HIPRESS_BANDWIDTH") or None
         self.pacer = Pacer(parse_rate(bandwidth)) if bandwidth else None
 
@@ -174,6 +175,7 @@ class Transport:
         """Post an in-place sum of a contiguous float32 buffer over the group."""
         nbytes = 2 * data.nbytes * (self.size - 1) // max(self.size, 1)
         self.bytes_sent += nbytes
+        self.collectives += 1
         return self._paced(nbytes, lambda: self.dist.all_reduce(
             _torch_view(data), group=self.group, async_op=True), -1, "allreduce", data)
 

@@ -11,8 +11,14 @@ Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
                                                              //   results set to 0
                       char* err, uint64_t errcap);           // 0 or an error
 
-On the CPU the pointers are host memory (zero-copy views of NumPy arrays or CPU
-tensors); on the GPU they are device pointers of CUDA tensors.
+    int64_t hp_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact);
+    int64_t hp_decode_batch(DecItem* items, uint64_t count, int accumulate, float scale,
+                            int feedback, int chained, char* err, uint64_t errcap);
+
+The batched calls take arrays of ``ENCODE_ITEM`` / ``DECODE_ITEM`` (``hp::EncItem`` and
+``hp::DecItem`` in ``templates/host.h``): a chunk's segments in one native call, each
+with its own payload. On the CPU the pointers are host memory (zero-copy views of NumPy
+arrays or CPU tensors); on the GPU they are device pointers of CUDA tensors.
 """
 
 from __future__ import annotations
@@ -30,9 +36,21 @@ from .build import Artifact, build
 from .payload import algorithm_id, header_size
 from .typing_rules import ITEMSIZE
 
-__all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint"]
+__all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint",
+           "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK"]
 
 _ERRCAP = 512
+
+#: one segment of ``hp_encode_batch``: input, residual (0: none), element count, payload
+#: buffer and its capacity, the payload size (written by the call), RNG step, flags
+ENCODE_ITEM = np.dtype([("g", "<u8"), ("r", "<u8"), ("n", "<u8"), ("out", "<u8"),
+                        ("cap", "<u8"), ("size", "<i8"), ("step", "<u4"), ("flags", "<u4")])
+#: one segment of ``hp_decode_batch``: payload and its size, element count, output, and a
+#: residual updated in the same pass (0: none)
+DECODE_ITEM = np.dtype([("p", "<u8"), ("size", "<u8"), ("n", "<u8"), ("out", "<u8"),
+                        ("fb", "<u8")])
+#: an encode item's flag: subtract the decoded payload from its residual (error feedback)
+FEEDBACK = 1
 
 
 def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
@@ -72,6 +90,13 @@ class Kernel:
         lib.hp_decode.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
                                   ctypes.c_int, ctypes.c_char_p, ctypes.c_uint64]
+        lib.hp_encode_batch.restype = ctypes.c_int64
+        lib.hp_encode_batch.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                        ctypes.c_int]
+        lib.hp_decode_batch.restype = ctypes.c_int64
+        lib.hp_decode_batch.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
+                                        ctypes.c_float, ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_char_p, ctypes.c_uint64]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
         lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
@@ -119,6 +144,35 @@ class Kernel:
             raise PayloadError(err.value.decode(errors="replace"))
 
 
+    def run_encode_batch(self, items: np.ndarray, seed: int, compact: bool) -> int:
+        """Encode every ``ENCODE_ITEM``; with ``compact`` the payloads end up end to end
+        from the first item's buffer. Returns their total bytes (0 without compact)."""
+        total = self.lib.hp_encode_batch(items.ctypes.data, items.size, seed, int(compact))
+        if total < 0:
+            message = self.lib.hp_last_error().decode(errors="replace")
+            over = [int(i) for i in np.flatnonzero(items["size"] > items["cap"].astype(np.int64))]
+            if over:  # the capacities come from payload_size_hint, an upper bound
+                message = f"segment {over[0]}'s payload outgrew its worst-case size"
+            raise HiPressError(f"{self.program.name} batched encode failed on {self.target}: "
+                               f"{message}")
+        return int(total)
+
+    def run_decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+                         feedback: bool, chained: bool) -> None:
+        """Decode every ``DECODE_ITEM`` (``chained``: the first item's bytes hold one payload
+        per item, end to end). A bad payload is a PayloadError naming its segment."""
+        err = ctypes.create_string_buffer(_ERRCAP)
+        bad = self.lib.hp_decode_batch(items.ctypes.data, items.size, int(accumulate), scale,
+                                       int(feedback), int(chained), err, _ERRCAP)
+        if bad < 0:
+            return
+        text = err.value.decode(errors="replace")
+        if bad >= items.size:
+            raise HiPressError(f"{self.program.name} batched decode failed on {self.target}: "
+                               f"{text}")
+        raise PayloadError(f"segment {bad} of {items.size}: {text}")
+
+
 class CpuKernel(Kernel):
     """A C++/OpenMP library called on host memory."""
 
@@ -147,6 +201,13 @@ class CpuKernel(Kernel):
                scale: float = 1.0, feedback: bool = False) -> None:
         self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate,
                         scale, feedback)
+
+    def encode_batch(self, items: np.ndarray, seed: int, buf: np.ndarray) -> int:
+        return self.run_encode_batch(items, seed, True)
+
+    def decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+                     feedback: bool) -> None:
+        self.run_decode_batch(items, accumulate, scale, feedback, True)
 
 
 class CudaKernel(Kernel):
@@ -179,6 +240,21 @@ class CudaKernel(Kernel):
         with torch.cuda.device(out.device):
             self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate,
                             scale, feedback)
+
+    def encode_batch(self, items: np.ndarray, seed: int, buf: Any) -> int:
+        import torch
+
+        with torch.cuda.device(buf.device):
+            return self.run_encode_batch(items, seed, True)
+
+    def decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+                     feedback: bool) -> None:
+        import torch
+
+        if items.size and int(items["p"][0]) % 8:
+            raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
+        with torch.cuda.device(torch.cuda.current_device()):
+            self.run_decode_batch(items, accumulate, scale, feedback, True)
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel:

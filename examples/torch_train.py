@@ -1,7 +1,12 @@
-"""Train a wide MLP on scikit-learn's digits with data parallelism and HiPress.
+"""Train a model on scikit-learn's digits with data parallelism and HiPress.
 
     hipress run -np 4 examples/torch_train.py --algorithm onebit --epochs 3
     hipress run -np 4 examples/torch_train.py --sync ddp            # plain DDP
+    hipress run -np 4 examples/torch_train.py --model resnet        # 107 gradient tensors
+
+--model picks the network: ``mlp`` (a wide MLP, six gradient tensors) or ``resnet`` (a
+small residual CNN, 17 blocks of two convolutions with batch norm: 107 gradient tensors,
+what a real model hands the engine).
 
 --sync picks how gradients are averaged:
   hook       DDP with hipress.torch's comm hook (CaSync, --algorithm)     [default]
@@ -31,8 +36,44 @@ from torch import nn
 import hipress.torch as hp
 
 
-def make_model(width: int) -> nn.Module:
+class _Block(nn.Module):
+    """conv-BN-ReLU-conv-BN plus the input: six gradient tensors."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+        nn.init.zeros_(self.bn2.weight)  # each block starts as the identity: deep nets train
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(x + self.bn2(self.conv2(y)))
+
+
+class ResNet(nn.Module):
+    """A residual CNN for 8x8 digits: a stride-4 stem to 2x2 maps, ``blocks`` residual
+    blocks of ``channels`` (9 * channels^2 weights per convolution), pooling, a classifier.
+    Few FLOPs per parameter, so on slow links its step is bound by synchronization."""
+
+    def __init__(self, channels: int = 128, blocks: int = 17) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(1, channels, 4, stride=4, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.blocks = nn.Sequential(*(_Block(channels) for _ in range(blocks)))
+        self.fc = nn.Linear(channels, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn(self.stem(x.view(-1, 1, 8, 8))))
+        return self.fc(self.blocks(x).mean((2, 3)))
+
+
+def make_model(width: int, kind: str = "mlp") -> nn.Module:
+    """``mlp``: 64 -> width -> width -> 10; ``resnet``: ``ResNet(channels=width)``."""
     torch.manual_seed(0)
+    if kind == "resnet":
+        return ResNet(width)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 10))
 
@@ -84,7 +125,10 @@ def main() -> None:
     parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM", "onebit"))
     parser.add_argument("--topology", default="ps", choices=["ps", "ring", "allgather"],
                         help="CaSync strategy for compressed tensors")
-    parser.add_argument("--width", type=int, default=2048, help="hidden width (params ~ w^2)")
+    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet"])
+    parser.add_argument("--width", type=int, default=None,
+                        help="hidden width (params ~ w^2); resnet: channels (default 2048 "
+                             "for the mlp, 128 for the resnet)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     parser.add_argument("--warmup", type=int, default=3,
@@ -106,10 +150,13 @@ def main() -> None:
         os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, int(threads)))
 
+    if args.width is None:
+        args.width = 128 if args.model == "resnet" else 2048
+
     hp.init()
     rank, world = hp.rank(), hp.size()
     xtr, ytr, xte, yte = load_digits_split()
-    model, opt, reporter = wrap(make_model(args.width), args)
+    model, opt, reporter = wrap(make_model(args.width, args.model), args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
     params = sum(p.numel() for p in model.parameters())
     loss_fn = nn.CrossEntropyLoss()
@@ -152,6 +199,7 @@ def main() -> None:
     # rebuild, kernel loads, CaSync's plans), as Horovod's benchmarks do.
     warm = min(args.warmup, step - 1) if step > 1 else 0
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
+    model.eval()  # batch norm: the running statistics
     with torch.no_grad():
         accuracy = float((model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean())
     # Replicas must agree: compare a checksum of the parameters across ranks.
@@ -161,6 +209,7 @@ def main() -> None:
                                         float(flat.double().abs().sum())], dtype=torch.float64))
     identical = all(torch.equal(s, sums[0]) for s in sums)
     result = {"sync": args.sync, "algorithm": args.algorithm, "world": world,
+              "model": args.model, "tensors": len(list(model.parameters())),
               "params": int(params), "steps": step, "seconds": elapsed,
               "samples_per_s": step * args.batch * world / elapsed,
               "warmup_steps": warm,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,7 @@ class Codec:
         self.seed = int(seed) & 0xFFFFFFFF
         self.step = 0
         self._kernels: dict[str, Any] = {}
+        self._caps: dict[int, int] = {}
         if target in ("cpu", "cuda"):
             self._kernel(target)  # build now, so a broken toolchain fails at construction
 
@@ -129,9 +131,13 @@ class Codec:
         Example:
             >>> buf = np.empty(c.max_payload_bytes(len(x)), np.uint8)  # fits any payload
         """
-        from compll.loaders import payload_size_hint
+        n = int(n)
+        cap = self._caps.get(n)
+        if cap is None:
+            from compll.loaders import payload_size_hint
 
-        return payload_size_hint(self.program, int(n), int(n))
+            cap = self._caps[n] = payload_size_hint(self.program, n, n)
+        return cap
 
     def encode(self, x: Any, step: int | None = None, out: Any = None,
                residual: Any = None) -> Any:
@@ -243,6 +249,210 @@ class Codec:
         self._kernel(backend).decode(np.ascontiguousarray(buf), n, dest, accumulate, scale,
                                      feedback)
         return out
+
+
+    def _steps(self, count: int, steps: Any) -> list[int]:
+        if steps is None:
+            first = self.step
+            self.step = (self.step + count) & 0xFFFFFFFF
+            return [(first + i) & 0xFFFFFFFF for i in range(count)]
+        steps = [int(s) & 0xFFFFFFFF for s in steps]
+        if len(steps) != count:
+            raise ConfigError(f"{count} segments but {len(steps)} steps")
+        return steps
+
+    def encode_batch(self, xs: Sequence[Any], out: Any = None, steps: Sequence[int] | None = None,
+                     residuals: Sequence[Any] | None = None,
+                     feedback: bool = False) -> tuple[Any, list[int]]:
+        """Compress several segments in one native call, each into its own payload, the
+        payloads laid end to end (what one message of a chunk carries).
+
+        Args:
+            xs: contiguous float32 arrays (or, on CUDA, tensors), one per segment.
+            out: a uint8 buffer of at least ``sum(max_payload_bytes(len(x)))`` bytes to write
+                into; by default a new one.
+            steps: each segment's RNG step; by default the codec's counter, advanced by
+                ``len(xs)``.
+            residuals: per segment, error feedback's residual (or None): ``x`` is added into
+                it and the payload is that of the sum, as for ``encode``.
+            feedback: also subtract what each payload decodes to from its residual, zeroing
+                non-finite results (error feedback's update, in the same call).
+
+        Returns:
+            The payloads (a view of ``out``) and each segment's payload size.
+
+        Example:
+            >>> payload, sizes = c.encode_batch([a, b])
+            >>> c.decode_batch(payload, [a.size, b.size])
+        """
+        count = len(xs)
+        steps_ = self._steps(count, steps)
+        res = list(residuals) if residuals is not None else [None] * count
+        if len(res) != count:
+            raise ConfigError(f"{count} segments but {len(res)} residuals")
+        cuda = count > 0 and _is_cuda(xs[0])
+        backend = self._backend(on_gpu=cuda)
+        for x in xs:
+            _check_count(int(x.numel()) if _is_torch(x) else np.size(x))
+        caps = [self.max_payload_bytes(_numel(x)) for x in xs]
+        if backend == "ref":
+            payloads = []
+            for x, r, step in zip(xs, res, steps_, strict=True):
+                p = self.encode(x, step=step, residual=r)
+                if feedback and r is not None:
+                    self.decode(p, r.size, out=r, scale=-1.0, feedback=True)
+                payloads.append(np.asarray(p))
+            joined = np.concatenate(payloads) if payloads else np.empty(0, np.uint8)
+            if out is not None:
+                into = out.numpy() if _is_torch(out) else out
+                into.reshape(-1)[:joined.size] = joined
+                return into.reshape(-1)[:joined.size], [p.size for p in payloads]
+            return joined, [p.size for p in payloads]
+        from compll.loaders import ENCODE_ITEM, FEEDBACK
+
+        total_cap = sum(caps)
+        buf = _byte_buffer(out, total_cap, xs[0] if cuda else None)
+        base = _ptr(buf)
+        items = np.zeros(count, ENCODE_ITEM)
+        if count:
+            data = [_float_input(x, cuda) for x in xs]
+            items["g"] = [_ptr(x) for x in data]
+            items["r"] = [0 if r is None else _ptr(_check_buffer(r, x.size if not cuda else
+                                                                 x.numel(), "residual=", cuda))
+                          for r, x in zip(res, data, strict=True)]
+            items["n"] = [_numel(x) for x in data]
+            items["out"] = base + np.cumsum([0, *caps[:-1]], dtype=np.uint64)
+            items["cap"] = caps
+            items["step"] = steps_
+            items["flags"] = FEEDBACK if feedback else 0
+        total = self._kernel(backend).encode_batch(items, self.seed, buf)
+        return buf[:total], [int(v) for v in items["size"]]
+
+    def decode_batch(self, payload: Any, ns: Sequence[int], outs: Sequence[Any] | None = None,
+                     accumulate: bool = False, scale: float = 1.0, feedback: bool = False,
+                     residuals: Sequence[Any] | None = None) -> list[Any]:
+        """Decompress the payloads of several segments, laid end to end (``encode_batch``'s
+        result or a received message), in one native call.
+
+        Args:
+            payload: the payloads, end to end; each is found from the header of the one
+                before, and no bytes may follow the last.
+            ns: each segment's element count.
+            outs: each segment's output (contiguous float32 of its count); new ones by
+                default. ``accumulate``, ``scale`` and ``feedback`` as for ``decode``.
+            residuals: per segment, a residual (or None) that the same pass also updates
+                with error feedback's rule: ``r -= decoded``, non-finite results set to 0.
+
+        Returns:
+            The outputs.
+
+        Raises:
+            PayloadError: a segment's payload is malformed or truncated, or bytes follow the
+                last one; the message names the segment. That segment's output is left as it
+                was; the others are decoded.
+        """
+        ns = [int(n) for n in ns]
+        for n in ns:
+            _check_count(n)
+        scale = float(np.float32(scale))
+        count = len(ns)
+        if (accumulate or feedback) and outs is None:
+            raise ConfigError("accumulate=True and feedback=True need outs= to add into")
+        cuda = _is_cuda(payload)
+        backend = self._backend(on_gpu=cuda)
+        if outs is None:
+            if cuda:
+                torch = _torch()
+                outs = [torch.empty(n, dtype=torch.float32, device=payload.device) for n in ns]
+            else:
+                outs = [np.empty(n, np.float32) for n in ns]
+        outs = list(outs)
+        res = list(residuals) if residuals is not None else [None] * count
+        if len(outs) != count or len(res) != count:
+            raise ConfigError(f"{count} segments but {len(outs)} outputs and {len(res)} "
+                              "residuals")
+        if backend == "ref":
+            self._decode_batch_ref(_as_payload(payload), ns, outs, accumulate, scale, feedback,
+                                   res)
+            return outs
+        from compll.loaders import DECODE_ITEM
+
+        buf: Any = payload.reshape(-1) if cuda else _as_payload(payload)
+        nbytes = _numel(buf)
+        items = np.zeros(count, DECODE_ITEM)
+        if count:
+            items["p"][0] = _ptr(buf) if nbytes else 0
+            items["size"][0] = nbytes
+            items["n"] = ns
+            items["out"] = [_ptr(_check_buffer(o, n, "outs=", cuda))
+                            for o, n in zip(outs, ns, strict=True)]
+            items["fb"] = [0 if r is None else _ptr(_check_buffer(r, n, "residuals=", cuda))
+                           for r, n in zip(res, ns, strict=True)]
+        elif nbytes:
+            raise PayloadError(f"{nbytes} bytes for no segments")
+        self._kernel(backend).decode_batch(items, accumulate, scale, feedback)
+        return outs
+
+    def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
+                          accumulate: bool, scale: float, feedback: bool,
+                          res: list[Any]) -> None:
+        from compll.payload import framed_size
+
+        pos = 0
+        for i, (n, o, r) in enumerate(zip(ns, outs, res, strict=True)):
+            try:
+                size = framed_size(buf[pos:])
+                if r is None:
+                    self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate,
+                                scale=scale, feedback=feedback)
+                else:
+                    values = self.decode(buf[pos:pos + size], n)
+                    self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate,
+                                scale=scale, feedback=feedback)
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        np.subtract(r, values, out=r)
+                        r[~np.isfinite(r)] = 0.0
+            except PayloadError as exc:
+                raise PayloadError(f"segment {i} of {len(ns)}: {exc}") from None
+            pos += size
+        if pos != buf.size:
+            raise PayloadError(f"segment {len(ns) - 1} of {len(ns)}: {buf.size - pos} bytes "
+                               "follow the last segment's payload")
+
+
+def _numel(x: Any) -> int:
+    return int(x.numel()) if _is_torch(x) else int(np.size(x))
+
+
+def _ptr(x: Any) -> int:
+    return int(x.data_ptr()) if _is_torch(x) else int(x.ctypes.data)
+
+
+def _float_input(x: Any, cuda: bool) -> Any:
+    """A segment's input as the kernels read it: contiguous float32, without a copy when
+    it already is one."""
+    if cuda:
+        flat = x.detach().reshape(-1)
+        return (flat if flat.dtype == _torch().float32 else flat.float()).contiguous()
+    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous:
+        return x.reshape(-1)
+    return _as_float32(x, "the gradient")
+
+
+def _byte_buffer(out: Any, size: int, like: Any) -> Any:
+    """``out`` as a flat uint8 buffer of at least ``size`` bytes, or a new one."""
+    if like is not None:  # CUDA
+        if out is not None and out.numel() >= size:
+            return out.reshape(-1)
+        return _torch().empty(max(size, 1), dtype=_torch().uint8, device=like.device)
+    if out is not None:
+        into = out.numpy() if _is_torch(out) else out
+        if not isinstance(into, np.ndarray) or into.dtype != np.uint8 \
+                or not into.flags.c_contiguous:
+            raise ConfigError("out= must be a contiguous uint8 array")
+        if into.size >= size:
+            return into.reshape(-1)
+    return np.empty(max(size, 1), np.uint8)
 
 
 def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:

@@ -17,7 +17,7 @@ def _cells(key: str, fit: Any) -> tuple[str, str, str]:
     """a, b and b as a rate, in the units of the primitive ``key``."""
     if key.startswith("bytes/"):
         return f"{fit.a:.0f} B", f"{fit.b:.4f} B/elem", f"{fit.b * 8:.3f} bits/elem"
-    if key.startswith("graph/"):
+    if key.startswith(("graph/", "tensor/")):
         return f"{fit.a * 1e6:.1f}", "-", "-"
     unit, width = ("s/B", 1) if key in ("send", "intra") else ("s/elem", 4)
     rate = f"{width / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
@@ -146,15 +146,15 @@ def plan_main(argv: list[str]) -> int:
 
     table = Table(title=f"{args.model} on {nodes} node(s) x {cost.gpus} worker(s), "
                         f"{'profile ' + str(args.profile) if args.profile else 'cluster model'}")
-    for col in ("tensor", "elements", "decision", "K", "ready ms", "sync ms"):
-        table.add_column(col, justify="left" if col in ("tensor", "decision") else "right")
+    for col in ("chunk", "elements", "tensors", "decision", "ready ms", "sync ms"):
+        table.add_column(col, justify="left" if col in ("chunk", "decision") else "right")
     units = planned.units if args.all else sorted(
         planned.units, key=lambda u: -u.numel)[:30]
     for u in units:
         plan = u.plan
         assert plan is not None
         what = "none (allreduce)" if not plan.compress else f"{plan.algorithm} {plan.topology}"
-        table.add_row(u.name[:60], f"{u.numel:,}", what, str(plan.partitions),
+        table.add_row(u.name[:60], f"{u.numel:,}", str(u.tensors), what,
                       f"{u.ready * 1e3:.1f}", f"{(u.finish - u.ready) * 1e3:.2f}")
     console = Console(width=120)
     console.print(table)

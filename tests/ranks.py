@@ -103,8 +103,7 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     for algo in args.get("algos", ALGOS):
         for topo in args.get("topologies", TOPOLOGIES):
             planner = StaticPlanner(algo, topo, min_compress=512, partition_bytes=16 << 10)
-            sync = Synchronizer(algo, topo, planner=planner, fuse_below=4096,
-                                bucket_elems=8192, timeout=60)
+            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=8192, timeout=60)
             tensors = [_torch_tensor(data(rank, i, n), dt, c)
                        for i, (n, dt, c) in enumerate(TENSORS)]
             futures = [sync.submit(f"t{i}", t) for i, t in enumerate(tensors)]
@@ -126,7 +125,7 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     n, steps = 20_000, args.get("steps", 50)
     algo, topo = args["algo"], args["topology"]
     planner = StaticPlanner(algo, topo, min_compress=0, partition_bytes=n * 4)
-    sync = Synchronizer(algo, topo, planner=planner, fuse_below=0,
+    sync = Synchronizer(algo, topo, planner=planner,
                         error_feedback=args.get("error_feedback"), timeout=60)
     total = np.zeros(n, np.float64)
     for step in range(steps):
@@ -192,14 +191,54 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             time.sleep(0.2)
             super().wait(handle, timeout)
 
-    n = 400_000
-    planner = StaticPlanner("onebit", args["topology"], partition_bytes=n * 4 // 4)
+    n = 400_000  # four chunks of one tensor
+    planner = StaticPlanner("onebit", args["topology"])
     sync = Synchronizer("onebit", args["topology"], planner=planner, transport=SlowTransport(),
-                        trace=True, timeout=60)
+                        trace=True, timeout=60, chunk_elems=n // 4)
     sync.submit("big", torch.from_numpy(data(rank, 0, n)))
     sync.synchronize()
     assert sync.executor.trace is not None
     return {"trace": sync.executor.trace}
+
+
+def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Messages this rank sends per step for the same bytes in 10 or in 200 tensors."""
+    import torch
+
+    from casync import StaticPlanner, Synchronizer, Transport
+
+    class Counting(Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sends = 0
+
+        def isend(self, payload: Any, dst: int, tag: int) -> Any:
+            self.sends += 1
+            return super().isend(payload, dst, tag)
+
+        def allreduce(self, data: Any) -> Any:
+            self.sends += 1
+            return super().allreduce(data)
+
+    counts = {}
+    for topo in args["topologies"]:
+        algo = "none" if topo == "none" else "onebit"
+        for count in (10, 200):
+            transport = Counting()
+            sync = Synchronizer(algo, "ps" if topo == "none" else topo, transport=transport,
+                                planner=StaticPlanner(algo, topo if topo != "none" else "ps",
+                                                      min_compress=0), timeout=60)
+            tensors = [torch.from_numpy(data(rank, i, 200_000 // count)) for i in range(count)]
+            per_step = []
+            for _ in range(3):
+                before = transport.sends
+                for i, t in enumerate(tensors):
+                    sync.submit(f"t{i}", t)
+                sync.synchronize()
+                per_step.append(transport.sends - before)
+            sync.close()
+            counts[f"{topo}/{count}"] = per_step
+    return {"counts": counts}
 
 
 def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
@@ -207,7 +246,7 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     from casync import Synchronizer
 
     sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
-    sync = Synchronizer(args["algo"], planner="auto", fuse_below=4096, timeout=60)
+    sync = Synchronizer(args["algo"], planner="auto", timeout=60)
     arrays = {}
     for step in range(2):
         tensors = [_torch_tensor(data(rank, i, n, step), "float32", True)
@@ -227,7 +266,7 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault, mismatch,
-                                                     pipeline, auto_plan)}
+                                                     pipeline, messages, auto_plan)}
 
 
 def main(scenarios: dict[str, Any] | None = None) -> None:

@@ -110,7 +110,6 @@ def test_error_feedback_drops_non_finite_residuals():
 DTYPE_EPS = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 #: encodes on the path from a gradient to the result: worker, then aggregator / ring hops
 ENCODES = {"allgather": 1.5, "ps": 2.0, "ring": 2.0}
-FUSE_BELOW = 4096  # what ranks.strategies passes
 
 
 def _inputs(world: int, index: int) -> list[np.ndarray]:
@@ -120,9 +119,8 @@ def _inputs(world: int, index: int) -> list[np.ndarray]:
 
 
 def _groups() -> list[list[int]]:
-    """Tensors the engine compresses together: the fused bucket, then each large one."""
-    small = [i for i, (n, _, _) in enumerate(ranks.TENSORS) if n < FUSE_BELOW]
-    return [small] + [[i] for i in range(len(ranks.TENSORS)) if i not in small]
+    """Tensors compressed together: each alone (chunks keep one payload per tensor)."""
+    return [[i] for i in range(len(ranks.TENSORS))]
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -227,19 +225,38 @@ def test_mismatched_configs_fail_at_init(tmp_path, changed, field):
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("topology", ["ps", "allgather"])
-def test_encode_of_a_later_partition_overlaps_earlier_communication(tmp_path, topology):
+@pytest.mark.parametrize("topology", ["ps", "ring", "allgather"])
+def test_encode_of_a_later_chunk_overlaps_earlier_communication(tmp_path, topology):
     results = ranks.launch(2, "pipeline", tmp_path, {"topology": topology})
     assert results[0]["rc"] == 0, results[0]["log"][-3000:]
     trace = results[0]["trace"]
-    comm = {name.split("/")[0]: (start, end) for lane, name, _, start, end in trace
-            if lane == "comm"}
-    encodes = [(name.split("/")[0], start, end) for lane, name, _, start, end in trace
+
+    def chunk(label: str) -> int:  # "tensor 'big' (chunk 3)"
+        return int(label.rsplit("chunk ", 1)[1].rstrip(")"))
+
+    comm = [(chunk(g), start, end) for lane, _, g, start, end in trace if lane == "comm"]
+    encodes = [(chunk(g), start, end) for lane, name, g, start, end in trace
                if lane == "compute" and "encode" in name]
-    assert len(comm) >= 2 and len(encodes) >= 2
-    overlapped = [(p, q) for p, (c0, c1) in comm.items() for q, e0, e1 in encodes
-                  if int(q[1:]) > int(p[1:]) and e0 < c1 and e1 > c0]
-    assert overlapped, f"no encode ran while an earlier partition communicated: {trace}"
+    assert len({c for c, _, _ in comm}) >= 2 and len({c for c, _, _ in encodes}) >= 2
+    overlapped = [(p, q) for p, c0, c1 in comm for q, e0, e1 in encodes
+                  if q > p and e0 < c1 and e1 > c0]
+    assert overlapped, f"no encode ran while an earlier chunk communicated: {trace}"
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("world", [2, 4])
+def test_messages_per_step_do_not_grow_with_the_number_of_tensors(tmp_path, world):
+    """The same bytes in 10 or in 200 tensors: the same messages per step and rank,
+    as many as the graph's stages need (one chunk here)."""
+    topologies = ["ps", "ring", "allgather", "none"]
+    results = ranks.launch(world, "messages", tmp_path, {"topologies": topologies})
+    expected = {"ps": 2 * (world - 1), "ring": 2 * (world - 1), "allgather": world - 1,
+                "none": 1}
+    for rank, r in enumerate(results):
+        assert r["rc"] == 0, r["log"][-3000:]
+        for topo in topologies:
+            few, many = r["counts"][f"{topo}/10"], r["counts"][f"{topo}/200"]
+            assert few == many == [expected[topo]] * 3, (rank, topo, few, many)
 
 
 @pytest.mark.parallel
@@ -283,21 +300,3 @@ def test_shaped_hosts_are_removed_even_after_a_failure():
         assert len(namespaces() - before) == 2
         raise RuntimeError("boom")
     assert namespaces() == before
-
-
-def test_segmented_codec_keeps_one_payload_per_tensor():
-    from casync.segments import Segmented
-
-    c = hipress.codec("onebit", target="ref")
-    a, b = ranks.data(0, 0, 300), ranks.data(0, 1, 500) * 100  # very different scales
-    seg = Segmented(c, [0, 300, 800])
-    payload = seg.encode(np.concatenate([a, b]), step=0)
-    assert payload.size <= seg.max_payload_bytes(800)
-    out = seg.decode(payload, 800)
-    np.testing.assert_array_equal(out[:300], c.decode(c.encode(a, step=0), 300))
-    np.testing.assert_array_equal(out[300:], c.decode(c.encode(b, step=1), 500))
-    acc = np.ones(800, np.float32)
-    seg.decode(payload, 800, out=acc, accumulate=True)
-    np.testing.assert_allclose(acc, out + 1, rtol=1e-6)
-    with pytest.raises(PayloadError, match="follow"):
-        seg.decode(np.concatenate([payload, np.zeros(8, np.uint8)]), 800)

@@ -434,12 +434,15 @@ Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
 // The decoded tensor: out[i] = scale * f(i), or out[i] += scale * f(i) when
 // accumulating (a scale of 1 multiplies nothing, so values stay bit-exact), or, with
 // feedback (error feedback's residual), out[i] += scale * f(i), set to 0 if not finite.
+// With fb (not null) the same pass also updates a residual: fb[i] -= f(i), set to 0 if not
+// finite, which is what a feedback decode with scale -1 would write, without a second pass.
 template <class F>
 struct WriteOut {
   float* out;
   int accumulate;
   float scale;
   int feedback;
+  float* fb;
   F f;
   void start(uint64_t, int64_t) {}
   void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
@@ -447,7 +450,17 @@ struct WriteOut {
     float* const o = this->out;
     const float s = scale;
     const uint32_t l32 = (uint32_t)lo, h32 = (uint32_t)hi;
-    if (feedback) {
+    if (fb) {
+      float* const r = this->fb;
+      const int acc = accumulate, fbk = feedback;
+      for (uint32_t i = l32; i < h32; ++i) {
+        const float v = f(i, st);
+        const float w = s == 1.0f ? (acc || fbk ? o[i] + v : v) : (acc || fbk ? o[i] + s * v : s * v);
+        o[i] = fbk && !hp_isfinite(w) ? 0.0f : w;
+        const float d = r[i] - v;
+        r[i] = hp_isfinite(d) ? d : 0.0f;
+      }
+    } else if (feedback) {
       for (uint32_t i = l32; i < h32; ++i) {
         const float v = o[i] + s * f(i, st);
         o[i] = hp_isfinite(v) ? v : 0.0f;
@@ -467,8 +480,8 @@ struct WriteOut {
   void finish() {}
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
-  return {out, accumulate, scale, feedback, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, float* fb, F f) {
+  return {out, accumulate, scale, feedback, fb, f};
 }
 
 // r[i] += g[i], in parallel (error feedback adds the gradient into its residual).
@@ -644,23 +657,23 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 
 // A decoded scatter: zeros plus values in index order, scaled, added to out when
 // accumulating (through a zeroed scratch so the sum is the interpreter's
-// out + scale * (0 + v1 + v2 ...)), with feedback as in WriteOut.
+// out + scale * (0 + v1 + v2 ...)), with feedback and fb as in WriteOut.
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback, float* fb,
                  uint64_t len, I index, V value) {
   if (!accumulate && !feedback) {
     std::memset(out, 0, n * sizeof(float));
     scatter_add(out, n, len, index, value);
-    if (scale != 1.0f)
+    if (scale != 1.0f || fb)  // out holds the unscaled values until this pass
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, 0, [=](uint64_t i, const Stage&) { return out[i]; }));
+            write_out(out, 0, scale, 0, fb, [=](uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   std::vector<float> tmp((size_t)n, 0.0f);
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, feedback, [=](uint64_t i, const Stage&) { return t[i]; }));
+        write_out(out, 1, scale, feedback, fb, [=](uint64_t i, const Stage&) { return t[i]; }));
 }
 
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }
@@ -671,6 +684,90 @@ inline T get(const uint8_t* p) {
   T v;
   std::memcpy(&v, p, sizeof(T));
   return v;
+}
+
+// ---- batches: a chunk's segments in one call ---------------------------------------------
+// Segments under BATCH_SMALL elements run one per thread (their own passes then run on that
+// thread alone: a parallel region inside a parallel loop has one thread); larger ones run
+// after them, one at a time, each parallel inside.
+constexpr uint64_t BATCH_SMALL = 1 << 16;
+
+template <class Size, class Run>
+void for_segments(uint64_t count, Size size_of, Run run) {
+  std::vector<uint64_t> small, large;
+  for (uint64_t i = 0; i < count; ++i) (size_of(i) < BATCH_SMALL ? small : large).push_back(i);
+  if (small.size() > 1) {
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t j = 0; j < (int64_t)small.size(); ++j) run(small[(size_t)j]);
+  } else if (!small.empty()) {
+    run(small[0]);
+  }
+  for (uint64_t i : large) run(i);
+}
+
+// Encode every item; with compact, then move the payloads end to end from items[0].out
+// (the items' buffers must lie in that order in one buffer). Returns the total bytes
+// (compact), 0, or -1 when an item did not fit its cap or failed (its size says which;
+// nothing is moved then).
+template <class Enc, class Dec>
+int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact, Enc enc,
+                     Dec dec) {
+  for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
+    EncItem& it = items[i];
+    it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap);
+    if (it.size >= 0 && (uint64_t)it.size <= it.cap && (it.flags & FEEDBACK) && it.r) {
+      char err[128];  // a payload this call just wrote always decodes
+      dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, nullptr, err, sizeof err);
+    }
+  });
+  for (uint64_t i = 0; i < count; ++i)
+    if (items[i].size < 0 || (uint64_t)items[i].size > items[i].cap) return -1;
+  if (!compact || count == 0) return 0;
+  uint8_t* dst = items[0].out;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (items[i].out != dst) std::memmove(dst, items[i].out, (size_t)items[i].size);
+    items[i].out = dst;
+    dst += items[i].size;
+  }
+  return (int64_t)(dst - items[0].out);
+}
+
+// Decode every item. With chained, items[0].p and .size are a whole message holding one
+// payload per item end to end: each item's payload is found from the header before it.
+// Returns -1, or the index of the first item that failed with its message in err; every
+// other item is decoded, a failed one's out and fb are left as they were.
+template <class Dec>
+int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale, int feedback,
+                     int chained, Dec dec, char* err, uint64_t errcap) {
+  if (chained && count) {
+    const uint8_t* p = items[0].p;
+    uint64_t left = items[0].size;
+    for (uint64_t i = 0; i < count; ++i) {
+      uint64_t total = 0;
+      if (!framed(p, left, &total, err, errcap)) return (int64_t)i;
+      items[i].p = p;
+      items[i].size = total;
+      p += total;
+      left -= total;
+    }
+    if (left) {
+      fail(err, errcap, "%llu bytes follow the last segment's payload", left);
+      return (int64_t)count - 1;
+    }
+  }
+  int64_t bad = -1;
+  for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
+    const DecItem& it = items[i];
+    char e[512];
+    if (dec(it.p, it.size, it.n, it.out, accumulate, scale, feedback, it.fb, e, sizeof e)) {
+#pragma omp critical(hp_decode_batch)
+      if (bad < 0 || (int64_t)i < bad) {
+        bad = (int64_t)i;
+        std::snprintf(err, errcap, "%s", e);
+      }
+    }
+  });
+  return bad;
 }
 
 // ---- payload header (host.h holds the format) -----------------------------------------

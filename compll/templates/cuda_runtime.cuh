@@ -183,22 +183,27 @@ __global__ void k_store(T* out, uint64_t len, F f, Stage st) {
 
 // out[i] = scale * f(i), or out[i] += scale * f(i); a scale of 1 multiplies nothing.
 // With feedback (error feedback's residual): out[i] += scale * f(i), 0 if not finite.
+// With fb (not null) the same kernel also updates a residual: fb[i] -= f(i), 0 if not finite.
 template <class F>
 __global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale,
-                            int feedback, F f, Stage st) {
+                            int feedback, float* fb, F f, Stage st) {
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const float v = scale == 1.0f ? f(i, st) : __fmul_rn(scale, f(i, st));
+    const float raw = f(i, st);
+    const float v = scale == 1.0f ? raw : __fmul_rn(scale, raw);
     if (feedback) {
       const float w = __fadd_rn(out[i], v);
       out[i] = hp_isfinite(w) ? w : 0.0f;
     } else {
       out[i] = accumulate ? __fadd_rn(out[i], v) : v;
     }
+    if (fb) {
+      const float d = __fsub_rn(fb[i], raw);
+      fb[i] = hp_isfinite(d) ? d : 0.0f;
+    }
   }
 }
 
-// 1-bit packing with a warp ballot: 32 threads, 32 elements, one 32-bit word.
 template <class F>
 __global__ void k_pack1(uint8_t* dst, uint64_t len, F f, Stage st) {
   const uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;
@@ -432,16 +437,17 @@ struct WriteOut {
   int accumulate;
   float scale;
   int feedback;
+  float* fb;
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, f, st);
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, fb, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
-  return {out, accumulate, scale, feedback, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, float* fb, F f) {
+  return {out, accumulate, scale, feedback, fb, f};
 }
 
 // r[i] += g[i] (error feedback adds the gradient into its residual).
@@ -603,14 +609,14 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 }
 
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback, float* fb,
                  uint64_t len, I index, V value) {
   if (!accumulate && !feedback) {
     check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
     scatter_add(out, n, len, index, value);
-    if (scale != 1.0f)
+    if (scale != 1.0f || fb)  // out holds the unscaled values until this kernel
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, 0,
+            write_out(out, 0, scale, 0, fb,
                       [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
@@ -618,7 +624,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, feedback,
+        write_out(out, 1, scale, feedback, fb,
                   [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
 }
 

@@ -84,6 +84,66 @@ inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_
   return true;
 }
 
+// The length a payload's header declares, from its first min(avail, HEADER + 8 * 255)
+// bytes at h (host memory): how a receiver finds where one payload of a message ends and
+// the next begins. False, with a message, if the header is not one or claims more than avail.
+inline bool framed(const uint8_t* h, uint64_t avail, uint64_t* total, char* err,
+                   uint64_t errcap) {
+  if (avail < HEADER) {
+    fail(err, errcap, "%llu bytes cannot hold a 24-byte header", avail);
+    return false;
+  }
+  if (h[0] != 'H' || h[1] != 'P' || h[2] != 1) {
+    fail(err, errcap, "not a HiPress payload (bad magic or version)");
+    return false;
+  }
+  const uint32_t nsec = h[3];
+  uint64_t t = HEADER + 8ull * nsec;
+  if (avail < t) {
+    fail(err, errcap, "%llu bytes cannot hold a %llu-byte header", avail, t);
+    return false;
+  }
+  for (uint32_t k = 0; k < nsec; ++k) {
+    uint64_t size;
+    std::memcpy(&size, h + HEADER + 8 * k, 8);
+    if (size > avail) {
+      fail(err, errcap, "a section claims %llu bytes but only %llu arrived", size, avail);
+      return false;
+    }
+    t += hp_pad8(size);
+  }
+  if (t > avail) {
+    fail(err, errcap, "the header declares %llu bytes but only %llu arrived", t, avail);
+    return false;
+  }
+  *total = t;
+  return true;
+}
+
+// One segment of a batched call (compll/loaders.py ENCODE_ITEM and DECODE_ITEM mirror
+// these layouts). An encode item writes its payload to out[0..cap) and reports its size;
+// flags bit 0 (FEEDBACK): with a residual r, also subtract what the payload decodes to
+// from r, as error feedback does after every encode. A decode item reads p[0..size) into
+// out; fb (not null) is a residual updated in the same pass (fb -= decoded).
+struct EncItem {
+  const float* g;
+  float* r;
+  uint64_t n;
+  uint8_t* out;
+  uint64_t cap;
+  int64_t size;
+  uint32_t step;
+  uint32_t flags;
+};
+struct DecItem {
+  const uint8_t* p;
+  uint64_t size;
+  uint64_t n;
+  float* out;
+  float* fb;
+};
+constexpr uint32_t FEEDBACK = 1;
+
 // Sizes come from the payload: check each against the buffer before adding, so a
 // forged size cannot overflow the total.
 inline bool check_total(uint64_t size, uint32_t nsec, const uint64_t* sizes, char* err,

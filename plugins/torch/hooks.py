@@ -65,9 +65,10 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     """Average a DDP gradient bucket with CaSync; the future resolves to the bucket buffer.
 
     Follows DDP's hook contract: returns at once and decodes in place. Each parameter's
-    gradient is compressed on its own (codecs such as onebit keep one scale per tensor,
-    and one scale for a whole bucket loses accuracy); gradients too small to compress
-    are batched and go through a plain allreduce.
+    gradient keeps its own payload (codecs such as onebit keep one scale per tensor, and
+    one scale for a whole bucket loses accuracy), but the bucket travels as a few chunks:
+    one message per peer and stage, one batched kernel call per encode or decode. Its
+    gradients too small to compress go through one plain allreduce, in place.
     """
     sync = state.synchronizer()
     buffer = bucket.buffer()
@@ -86,6 +87,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     if bucket.is_last():
         sync.end_step()
         state.steps += 1
+    else:
+        sync.flush()  # a bucket's chunks start now, as DDP hands it over
     return future
 
 

@@ -1,0 +1,194 @@
+"""Chunks: a step's tensors coalesced into a few units of work.
+
+The engine pays per step, not per tensor. Each submitted tensor is cut into *segments*
+(the plan's partitions, and pieces of at most ``chunk_elems``), and consecutive
+segments with the same plan fill a *chunk* until it holds ``chunk_elems`` elements.
+A chunk is one task graph: every segment keeps its own payload (its scales, residual
+and RNG site), but the payloads of one chunk bound for one peer travel as one message,
+and each encode or decode of a chunk is one batched kernel call. So the number of
+messages in a step grows with the world size and the number of chunks, never with the
+number of tensors.
+
+Every rank submits the same tensors in the same order and plans them alike, so every
+rank forms the same chunks and the same aggregator for each segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .plan import Plan
+from .primitives import partition
+
+__all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS"]
+
+#: Elements a chunk collects before it is sent (16 MiB of float32): large enough that its
+#: messages' fixed costs vanish against their bytes, small enough that a model's step
+#: pipelines over several chunks.
+CHUNK_ELEMS = 4 << 20
+
+
+@dataclass(eq=False)
+class Entry:
+    """A submitted tensor: its float32 values, how to give them back, its future."""
+
+    name: str
+    tensor: Any
+    buf: np.ndarray
+    write_back: bool
+    future: Any
+    #: segments not yet synchronized; the future resolves when it reaches 0
+    pending: int = 0
+
+    @property
+    def numel(self) -> int:
+        return int(self.buf.size)
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """Elements ``[lo, hi)`` of a tensor: one payload, one residual, one RNG site.
+
+    Attributes:
+        owner: the aggregating rank (``ps``).
+    """
+
+    entry: Any  # an Entry (the simulator's tensors stand in for them)
+    lo: int
+    hi: int
+    owner: int = 0
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """What names this segment across steps (error feedback keys its residuals so)."""
+        return (self.entry.name, self.lo, self.hi)
+
+    def view(self) -> np.ndarray:
+        return self.entry.buf[self.lo:self.hi]
+
+    def piece(self, lo: int, hi: int) -> Segment:
+        """Elements ``[lo, hi)`` of this segment (offsets into it), as a segment."""
+        return Segment(self.entry, self.lo + lo, self.lo + hi, self.owner)
+
+
+@dataclass(eq=False)
+class Chunk:
+    """Segments with one plan, synchronized by one graph."""
+
+    plan: Plan
+    segments: list[Segment] = field(default_factory=list)
+    numel: int = 0
+    #: its place among the step's chunks
+    seq: int = 0
+
+    @property
+    def label(self) -> str:
+        """Names its tensors and its place in the step, for errors and traces."""
+        names = [repr(n) for n in dict.fromkeys(s.entry.name for s in self.segments)]
+        if len(names) == 1:
+            return f"tensor {names[0]} (chunk {self.seq})"
+        if len(names) == 2:
+            return f"tensors {names[0]}, {names[1]} (chunk {self.seq})"
+        return f"tensors {names[0]} .. {names[-1]} ({len(names)} tensors, chunk {self.seq})"
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """The same for the same chunk in every step (scratch buffers are kept by it)."""
+        first = self.segments[0].key if self.segments else ()
+        return (self.plan.topology, first)
+
+    def parts(self, count: int) -> list[list[Segment]]:
+        """The chunk's elements cut into ``count`` runs of near-equal size (a ring's
+        chunks), segments split where a run ends."""
+        out: list[list[Segment]] = [[] for _ in range(count)]
+        bounds = [0] + [p.stop for p in partition(self.numel, count)]
+        part, start = 0, 0  # start: where the segment begins in the chunk
+        for seg in self.segments:
+            if seg.n == 0:  # an empty tensor goes with the run holding its place
+                while part < count - 1 and start >= bounds[part + 1]:
+                    part += 1
+                out[part].append(seg)
+                continue
+            lo = 0
+            while lo < seg.n:
+                while start + lo >= bounds[part + 1]:
+                    part += 1
+                hi = min(seg.n, bounds[part + 1] - start)
+                out[part].append(seg.piece(lo, hi))
+                lo = hi
+            start += seg.n
+        return out
+
+
+class Chunker:
+    """Forms a step's chunks as tensors arrive; the same on every rank.
+
+    Args:
+        world: ranks in the group (aggregators for ``ps``).
+        chunk_elems: elements a chunk collects before it is closed.
+        coalesce: off, every segment is a chunk of its own (how per-tensor engines such as
+            BytePS synchronize; the simulator models them so).
+    """
+
+    def __init__(self, world: int, chunk_elems: int = CHUNK_ELEMS,
+                 coalesce: bool = True) -> None:
+        self.world = world
+        self.chunk_elems = int(chunk_elems)
+        self.coalesce = coalesce
+        self._open: dict[Plan, Chunk] = {}
+        self._load = [0] * world
+        self._segments = 0
+        self._chunks = 0
+
+    def add(self, entry: Any, plan: Plan) -> list[Chunk]:
+        """Cut ``entry`` (an ``Entry``, or anything with ``name``, ``numel`` and
+        ``pending``, as the simulator's tensors) into segments under ``plan``; returns
+        the chunks this closed."""
+        n = entry.numel
+        k = max(plan.partitions_for(n) if plan.compress else 1, -(-n // self.chunk_elems))
+        key = Plan(plan.topology, plan.algorithm, 1, plan.params)  # chunks mix any K
+        closed = []
+        parts = partition(n, k)
+        entry.pending = len(parts)
+        for sl in parts:
+            owner = self._owner(sl.stop - sl.start) if plan.topology == "ps" else 0
+            chunk = self._open.get(key)
+            if chunk is None:
+                chunk = self._open[key] = Chunk(key)
+            chunk.segments.append(Segment(entry, sl.start, sl.stop, owner))
+            chunk.numel += sl.stop - sl.start
+            if chunk.numel >= self.chunk_elems or not self.coalesce:
+                closed.append(self._close(key))
+        return closed
+
+    def flush(self) -> list[Chunk]:
+        """Close every open chunk, in the order they were opened."""
+        return [self._close(key) for key in list(self._open)]
+
+    def end_step(self) -> None:
+        self._load = [0] * self.world
+        self._segments = 0
+        self._chunks = 0
+
+    def _close(self, key: Plan) -> Chunk:
+        chunk = self._open.pop(key)
+        chunk.seq = self._chunks
+        self._chunks += 1
+        return chunk
+
+    def _owner(self, n: int) -> int:
+        """The least-loaded aggregator, ties rotating with the segment's place in the
+        step: a tensor gets the same aggregators every step, so an aggregator's residual
+        is applied at its next re-encode."""
+        start = self._segments % self.world
+        self._segments += 1
+        rank = min(range(self.world), key=lambda r: (self._load[r], (r - start) % self.world))
+        self._load[rank] += n
+        return rank

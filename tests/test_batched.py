@@ -1,0 +1,151 @@
+"""Batched kernels (a chunk's segments in one call) and chunk formation."""
+
+import numpy as np
+import pytest
+from conftest import gradient
+from test_kernels_cpu import VARIANTS, adversarial, same_values
+
+import hipress
+from casync.chunks import Chunker, Entry
+from casync.plan import Plan
+from hipress import PayloadError
+
+#: segment sizes of one batch: empty and one-element segments, odd sizes, one large
+#: enough to run alone (parallel inside), the rest one per thread
+SEGMENTS = [0, 1, 7, 1000, 0, 70_001, 3, 8]
+
+
+def _inputs(kind: str) -> list[np.ndarray]:
+    return [adversarial(kind, n) if n else np.zeros(0, np.float32) for n in SEGMENTS]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("kind", ["random", "special"])
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
+def test_batch_equals_single_calls_and_the_reference(name, params, kind):
+    cpu = hipress.codec(name, target="cpu", seed=4, **params)
+    ref = hipress.codec(name, target="ref", seed=4, **params)
+    xs = _inputs(kind)
+    steps = [11 + 3 * i for i in range(len(xs))]
+    start = [gradient(n, seed=i + 20) * 0.1 for i, n in enumerate(SEGMENTS)]
+    res_batch, res_single, res_ref = ([r.copy() for r in start] for _ in range(3))
+
+    payload, sizes = cpu.encode_batch(xs, steps=steps, residuals=res_batch, feedback=True)
+    singles = []
+    for x, s, r in zip(xs, steps, res_single, strict=True):
+        p = cpu.encode(x, step=s, residual=r).copy()
+        cpu.decode(p, x.size, out=r, scale=-1.0, feedback=True)
+        singles.append(p)
+    assert payload.tobytes() == np.concatenate(singles).tobytes()
+    assert sizes == [p.size for p in singles]
+    ref_payload, _ = ref.encode_batch(xs, steps=steps, residuals=res_ref, feedback=True)
+    assert ref_payload.tobytes() == payload.tobytes()
+    for a, b, c in zip(res_batch, res_single, res_ref, strict=True):
+        assert same_values(a, b) and same_values(a, c)
+
+    # Decode: overwrite, accumulate, scale, and the residual updated in the same pass.
+    acc = [gradient(n, seed=i + 40) for i, n in enumerate(SEGMENTS)]
+    for kwargs in ({}, {"accumulate": True}, {"scale": 0.25}):
+        outs = cpu.decode_batch(payload, SEGMENTS, [a.copy() for a in acc], **kwargs)
+        want = ref.decode_batch(payload, SEGMENTS, [a.copy() for a in acc], **kwargs)
+        for p, o, w, a, n in zip(singles, outs, want, acc, SEGMENTS, strict=True):
+            assert same_values(o, w), kwargs
+            assert same_values(o, cpu.decode(p, n, out=a.copy(), **kwargs)), kwargs
+    fb_cpu, fb_ref = [r.copy() for r in start], [r.copy() for r in start]
+    outs = cpu.decode_batch(payload, SEGMENTS, scale=0.5, residuals=fb_cpu)
+    want = ref.decode_batch(payload, SEGMENTS, scale=0.5, residuals=fb_ref)
+    for o, w, r, q, p, n, s0 in zip(outs, want, fb_cpu, fb_ref, singles, SEGMENTS, start,
+                                    strict=True):
+        assert same_values(o, w) and same_values(r, q)
+        alone = s0.copy()
+        cpu.decode(p, n, out=alone, scale=-1.0, feedback=True)
+        assert same_values(r, alone)
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("target", ["cpu", "ref"])
+def test_batch_decode_names_the_bad_segment_and_keeps_the_others(target):
+    c = hipress.codec("onebit", target=target)
+    xs = [gradient(n, seed=n) for n in (100, 200, 300)]
+    payload, sizes = c.encode_batch(xs)
+    bad = payload.copy()
+    bad[sizes[0] + 4] ^= 0xFF  # the second segment's algorithm id
+    outs = [np.full(n, 7.0, np.float32) for n in (100, 200, 300)]
+    with pytest.raises(PayloadError, match="segment 1 of 3"):
+        c.decode_batch(bad, [100, 200, 300], outs)
+    assert (outs[1] == 7.0).all()  # untouched
+    with pytest.raises(PayloadError, match="follow"):
+        c.decode_batch(np.concatenate([payload, np.zeros(8, np.uint8)]), [100, 200, 300])
+    with pytest.raises(PayloadError):
+        c.decode_batch(payload[:-8], [100, 200, 300])
+    with pytest.raises(PayloadError):  # one segment fewer than the message holds
+        c.decode_batch(payload, [100, 200])
+
+
+@pytest.mark.cpu
+def test_batch_reuses_a_buffer_and_advances_the_step():
+    c = hipress.codec("terngrad", target="cpu", seed=1)
+    xs = [gradient(n, seed=n) for n in (50, 60)]
+    buf = np.zeros(sum(c.max_payload_bytes(x.size) for x in xs), np.uint8)
+    payload, _ = c.encode_batch(xs, out=buf)
+    assert payload.ctypes.data == buf.ctypes.data
+    assert c.step == 2
+    again, _ = hipress.codec("terngrad", target="cpu", seed=1).encode_batch(xs, steps=[0, 1])
+    assert again.tobytes() == payload.tobytes()
+
+
+class _Tensor:
+    def __init__(self, name: str, numel: int) -> None:
+        self.name, self.numel, self.pending = name, numel, 0
+
+
+@pytest.mark.pure
+def test_chunks_fill_to_their_size_and_keep_plans_apart():
+    chunker = Chunker(world=4, chunk_elems=1000)
+    ps, none = Plan("ps", "onebit", 1), Plan("none")
+    closed = []
+    for i in range(10):
+        closed += chunker.add(_Tensor(f"c{i}", 300), ps)
+        closed += chunker.add(_Tensor(f"r{i}", 10), none)
+    assert [c.numel for c in closed] == [1200, 1200]  # closed once they hold 1000
+    rest = chunker.flush()
+    assert [(c.plan.topology, c.numel) for c in rest] == [("none", 100), ("ps", 600)]
+    assert all(len({s.owner for s in c.segments}) == 4 for c in closed)
+    # every segment a payload; a tensor's segments are in order and cover it
+    segs = [s for c in closed + rest for s in c.segments if s.entry.name == "c3"]
+    assert [(s.lo, s.hi) for s in segs] == [(0, 300)]
+
+
+@pytest.mark.pure
+def test_large_tensors_are_cut_into_pieces_that_span_chunks():
+    chunker = Chunker(world=2, chunk_elems=1000)
+    t = _Tensor("big", 3500)
+    closed = chunker.add(t, Plan("ps", "onebit", 2))
+    closed += chunker.flush()
+    assert t.pending == 4 and [c.numel for c in closed] == [1750, 1750]
+    pieces = [(s.lo, s.hi) for c in closed for s in c.segments]
+    assert pieces == [(0, 875), (875, 1750), (1750, 2625), (2625, 3500)]
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("sizes,count", [([5, 0, 7, 1, 0], 3), ([10], 4), ([2, 2], 5),
+                                         ([0], 2), ([3, 3, 3, 3], 2)])
+def test_ring_runs_cover_the_chunk_in_order(sizes, count):
+    chunker = Chunker(world=count, chunk_elems=10**9)
+    for i, n in enumerate(sizes):
+        chunker.add(Entry(f"t{i}", None, np.zeros(n, np.float32), False, None), Plan("ring",
+                                                                               "onebit", 1))
+    (chunk,) = chunker.flush()
+    runs = chunk.parts(count)
+    assert len(runs) == count
+    flat = [(s.entry.name, s.lo, s.hi) for run in runs for s in run]
+    covered = {name: [] for name in (f"t{i}" for i in range(len(sizes)))}
+    for name, lo, hi in flat:
+        covered[name].append((lo, hi))
+    for i, n in enumerate(sizes):
+        spans = covered[f"t{i}"]
+        assert spans[0][0] == 0 and spans[-1][1] == n
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    total = sum(sizes)
+    lengths = [sum(s.n for s in run) for run in runs]
+    assert max(lengths) - min(lengths) <= 1 and sum(lengths) == total
