@@ -655,9 +655,20 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
   }
 }
 
+// Whether index(0..len) strictly increases: every element is then scattered at most once.
+template <class I>
+bool increasing(uint64_t len, I index) {
+  for (uint64_t j = 1; j < len; ++j)
+    if ((int64_t)index(j) <= (int64_t)index(j - 1)) return false;
+  return true;
+}
+
 // A decoded scatter: zeros plus values in index order, scaled, added to out when
-// accumulating (through a zeroed scratch so the sum is the interpreter's
-// out + scale * (0 + v1 + v2 ...)), with feedback and fb as in WriteOut.
+// accumulating (the interpreter's out + scale * (0 + v1 + v2 ...)), with feedback and fb
+// as in WriteOut. With indices that strictly increase (every sparse encoder's), adding
+// into out touches only the scattered elements plus one pass for what the formula does
+// to the others: out + scale * 0 turns -0 into +0 when scale > 0, and feedback zeroes
+// non-finite values; with repeated indices the values are summed in a zeroed scratch.
 template <class I, class V>
 void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback, float* fb,
                  uint64_t len, I index, V value) {
@@ -667,6 +678,32 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
     if (scale != 1.0f || fb)  // out holds the unscaled values until this pass
       fused(n, Unpacks{{}, {}, 0},
             write_out(out, 0, scale, 0, fb, [=](uint64_t i, const Stage&) { return out[i]; }));
+    return;
+  }
+  const float zero = scale * 0.0f;  // what an element without a value gets added
+  // Feedback zeroes what is not finite after the add, so an element's value must go in
+  // before any zeroing: the scattered elements first, then a pass over the rest, which
+  // must leave finite values as they are (zero is -0).
+  const bool sparse = !fb && hp_isfinite(scale) && scale != 0.0f &&
+                      (!feedback || std::signbit(zero)) && increasing(len, index);
+  if (sparse) {
+    if (!feedback && !std::signbit(zero)) {
+      // x + (+0) turns -0 into +0 and leaves the rest: done first, a value's sum is then
+      // the same as from -0 (scale > 0 never makes scale * (0 + v) a -0)
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < (int64_t)n; ++i) out[i] = out[i] + zero;
+    }
+    for (uint64_t j = 0; j < len; ++j) {
+      const int64_t ix = (int64_t)index(j);
+      if (ix < 0 || (uint64_t)ix >= n) continue;
+      const float w = out[ix] + scale * (0.0f + (float)value(j));
+      out[ix] = feedback && !hp_isfinite(w) ? 0.0f : w;
+    }
+    if (feedback) {
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < (int64_t)n; ++i)
+        if (!hp_isfinite(out[i])) out[i] = 0.0f;
+    }
     return;
   }
   std::vector<float> tmp((size_t)n, 0.0f);
