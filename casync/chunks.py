@@ -42,6 +42,8 @@ class Entry:
     future: Any
     #: segments not yet synchronized; the future resolves when it reaches 0
     pending: int = 0
+    #: the address of ``buf`` (the batched kernels take addresses)
+    ptr: int = 0
 
     @property
     def numel(self) -> int:
@@ -72,6 +74,10 @@ class Segment:
 
     def view(self) -> np.ndarray:
         return self.entry.buf[self.lo:self.hi]
+
+    @property
+    def ptr(self) -> int:
+        return int(self.entry.ptr) + 4 * self.lo
 
     def piece(self, lo: int, hi: int) -> Segment:
         """Elements ``[lo, hi)`` of this segment (offsets into it), as a segment."""
@@ -143,6 +149,7 @@ class Chunker:
         self.chunk_elems = int(chunk_elems)
         self.coalesce = coalesce
         self._open: dict[Plan, Chunk] = {}
+        self._keys: dict[Plan, Plan] = {}  # a plan -> its chunk's plan (any K)
         self._load = [0] * world
         self._segments = 0
         self._chunks = 0
@@ -153,17 +160,19 @@ class Chunker:
         the chunks this closed."""
         n = entry.numel
         k = max(plan.partitions_for(n) if plan.compress else 1, -(-n // self.chunk_elems))
-        key = Plan(plan.topology, plan.algorithm, 1, plan.params)  # chunks mix any K
+        key = self._keys.get(plan)
+        if key is None:  # chunks mix any K
+            key = self._keys[plan] = Plan(plan.topology, plan.algorithm, 1, plan.params)
         closed = []
-        parts = partition(n, k)
-        entry.pending = len(parts)
-        for sl in parts:
-            owner = self._owner(sl.stop - sl.start) if plan.topology == "ps" else 0
+        entry.pending = k
+        ps = plan.topology == "ps"
+        for sl in partition(n, k) if k > 1 else (slice(0, n),):
+            lo, hi = sl.start, sl.stop
             chunk = self._open.get(key)
             if chunk is None:
                 chunk = self._open[key] = Chunk(key)
-            chunk.segments.append(Segment(entry, sl.start, sl.stop, owner))
-            chunk.numel += sl.stop - sl.start
+            chunk.segments.append(Segment(entry, lo, hi, self._owner(hi - lo) if ps else 0))
+            chunk.numel += hi - lo
             if chunk.numel >= self.chunk_elems or not self.coalesce:
                 closed.append(self._close(key))
         return closed
@@ -189,6 +198,11 @@ class Chunker:
         is applied at its next re-encode."""
         start = self._segments % self.world
         self._segments += 1
-        rank = min(range(self.world), key=lambda r: (self._load[r], (r - start) % self.world))
-        self._load[rank] += n
+        load = self._load
+        rank = start
+        for step in range(1, self.world):  # the first least loaded, counting from start
+            r = (start + step) % self.world
+            if load[r] < load[rank]:
+                rank = r
+        load[rank] += n
         return rank

@@ -29,6 +29,9 @@ class ErrorFeedback:
 
     def __init__(self) -> None:
         self._residuals: dict[Hashable, np.ndarray] = {}
+        #: changes whenever residual buffers are replaced, so that callers that hold
+        #: their addresses (the engine's batched calls) know to look them up again
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self._residuals)
@@ -43,12 +46,15 @@ class ErrorFeedback:
         later steps."""
         residual = self._residuals.get(key)
         if residual is None or residual.size != n:
+            if residual is not None:
+                self.version += 1
             residual = self._residuals[key] = np.zeros(n, np.float32)
         return residual
 
     def reset(self) -> None:
         """Forget every residual (e.g. after the model was reloaded)."""
         self._residuals.clear()
+        self.version += 1
 
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from compll.loaders import DECODE_ITEM, ENCODE_ITEM, FEEDBACK
 from hipress.codec import Codec
 from hipress.errors import PayloadError
 
@@ -39,6 +40,18 @@ _LENGTH = 8
 
 
 @dataclass
+class _Rows:
+    """The rows of one batched call, with what fills them each step."""
+
+    keys: tuple[tuple[str, int, int], ...]
+    version: int
+    items: np.ndarray
+    offsets: np.ndarray
+    cap: int
+    sites: np.ndarray
+
+
+@dataclass
 class Context:
     """What a builder needs besides the chunk: who we are and what to compress with."""
 
@@ -49,6 +62,8 @@ class Context:
     tag: int
     chunk: Chunk
     pool: dict[Hashable, np.ndarray] = field(default_factory=dict)
+    #: the rows of batched calls, kept across steps (``_rows``)
+    rows: dict[Hashable, _Rows] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -62,8 +77,11 @@ class Context:
         return (self.tag + slot) % tag_space
 
     def rng_step(self, seg: Segment, role: str) -> int:
-        """A distinct RNG step per step, rank and encode site, so ranks round independently."""
-        return zlib.crc32(repr((self.step, self.rank, seg.key, role)).encode())
+        """A distinct RNG step per step, rank and encode site, so ranks round independently
+        (the same as ``encode`` computes for its rows)."""
+        site = zlib.crc32(repr((seg.key, role)).encode())
+        mix = (self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF
+        return (site * 0xC2B2AE3D + mix) & 0xFFFFFFFF
 
     def scratch(self, site: Hashable, size: int, dtype: type) -> np.ndarray:
         """A buffer that belongs to this chunk and site across steps (pages stay mapped).
@@ -85,41 +103,106 @@ class Context:
             return None
         return [self.feedback.site((*s.key, role), s.n) for s in segs]
 
-    def encode(self, segs: list[Segment], role: str, site: Hashable,
-               fused_feedback: bool = True) -> np.ndarray:
-        """One message: the payloads of ``segs`` (with the role's residuals), behind their
-        length. ``fused_feedback``: update the residuals in the same call; otherwise the
-        caller's decode of the message does (``decode(..., residual_role=role)``)."""
+    def _rows(self, kind: str, site: Hashable, segs: list[Segment],
+              role: str | None) -> _Rows:
+        """The rows of a batched call at ``site``, kept across steps: what does not change
+        while the site's segments stay the same (counts, capacities, residual addresses,
+        RNG sites) is filled once."""
+        keys = tuple(s.key for s in segs)
+        version = self.feedback.version if self.feedback is not None else -1
+        cache_key = (self.chunk.key, kind, site)
+        rows = self.rows.get(cache_key)
+        if rows is not None and rows.keys == keys and rows.version == version:
+            return rows
+        assert self.codec is not None
+        res = self.residuals(segs, role) if kind == "encode" and role is not None else None
+        items = np.zeros(len(segs), ENCODE_ITEM if kind == "encode" else DECODE_ITEM)
+        caps = np.array([self.codec.max_payload_bytes(s.n) for s in segs], np.uint64)
+        items["n"] = [s.n for s in segs]
+        if res is not None:
+            items["r"] = [r.ctypes.data for r in res]
+        offsets = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.uint64) \
+            if len(segs) else np.zeros(0, np.uint64)
+        if kind == "encode":
+            items["cap"] = caps
+        sites = np.array([zlib.crc32(repr((s.key, role)).encode()) for s in segs]
+                         if kind == "encode" else [], np.uint64)
+        rows = self.rows[cache_key] = _Rows(keys, version, items, offsets, int(caps.sum()),
+                                            sites)
+        return rows
+
+    def encode(self, segs: list[Segment], role: str, site: Hashable) -> np.ndarray:
+        """One message: the payloads of ``segs`` behind their length; with error feedback,
+        of each segment plus the role's residual, which the same call updates."""
+        codec = self.codec
+        assert codec is not None
+        if codec.target == "ref":
+            return self._encode_arrays(segs, role, site)
+        rows = self._rows("encode", site, segs, role)
+        out = self.scratch(("payload", site), _LENGTH + rows.cap, np.uint8)
+        items = rows.items
+        if len(segs):
+            items["g"] = [s.ptr for s in segs]
+            items["out"] = rows.offsets + np.uint64(out.ctypes.data + _LENGTH)
+            # A distinct RNG step per step, rank and encode site: ranks round independently.
+            mix = np.uint64((self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF)
+            items["step"] = (rows.sites * np.uint64(0xC2B2AE3D) + mix) & np.uint64(0xFFFFFFFF)
+            items["flags"] = FEEDBACK if self.feedback is not None else 0
+        total = codec.encode_items(items, out) if len(segs) else 0
+        out[:_LENGTH].view(np.uint64)[0] = total
+        return out[:_LENGTH + total]
+
+    def decode(self, message: np.ndarray, segs: list[Segment], accumulate: bool,
+               scale: float | None, site: Hashable = None) -> None:
+        """Decode a message into ``segs`` (or add to them); ``scale`` turns a sum into the
+        mean."""
+        codec = self.codec
+        assert codec is not None
+        payload = _payloads(message)
+        if codec.target == "ref":
+            self._decode_arrays(payload, segs, accumulate, scale)
+            return
+        if not segs:
+            if payload.size:
+                raise PayloadError(f"{payload.size} bytes for no segments")
+            return
+        rows = self._rows("decode", site, segs, None)
+        items = rows.items
+        items["out"] = [s.ptr for s in segs]
+        items["p"][0] = payload.ctypes.data
+        items["size"][0] = payload.size
+        codec.decode_items(items, accumulate, 1.0 if scale is None else scale,
+                           scale_sum=accumulate and scale is not None)
+
+    def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> np.ndarray:
+        """``encode`` through the codec's array interface (the reference target)."""
         assert self.codec is not None
         out = self.scratch(("payload", site), self.capacity(segs), np.uint8)
         res = self.residuals(segs, role)
         payload, _ = self.codec.encode_batch(
             [s.view() for s in segs], out=out[_LENGTH:],
             steps=[self.rng_step(s, role) for s in segs], residuals=res,
-            feedback=fused_feedback and res is not None)
+            feedback=res is not None)
         out[:_LENGTH].view(np.uint64)[0] = payload.size
         return out[:_LENGTH + payload.size]
 
-    def decode(self, message: np.ndarray, segs: list[Segment], accumulate: bool,
-               scale: float | None, residual_role: str | None = None) -> None:
-        """Decode a message into ``segs`` (or add to them); ``scale`` turns a sum into the
-        mean; ``residual_role``: also update that role's residuals in the same pass."""
+    def _decode_arrays(self, payload: np.ndarray, segs: list[Segment], accumulate: bool,
+                       scale: float | None) -> None:
         assert self.codec is not None
-        payload = _payloads(message)
         views = [s.view() for s in segs]
         ns = [s.n for s in segs]
-        res = self.residuals(segs, residual_role) if residual_role else None
         if accumulate and scale is not None:  # the mean of the whole sum
             self.codec.decode_batch(payload, ns, views, accumulate=True)
             for v in views:
                 np.multiply(v, np.float32(scale), out=v)
         else:  # one pass: the decoded values, scaled
             self.codec.decode_batch(payload, ns, views, accumulate=accumulate,
-                                    scale=1.0 if scale is None else scale, residuals=res)
+                                    scale=1.0 if scale is None else scale)
 
 
 def _payloads(message: np.ndarray) -> np.ndarray:
-    """The payloads of a message, after checking the length it starts with."""
+    """The payloads of a message (or of a receive buffer holding one at its front), after
+    checking the length it starts with."""
     if message.size < _LENGTH:
         raise PayloadError(f"a message of {message.size} bytes has no length")
     length = int(message[:_LENGTH].view(np.uint64)[0])
@@ -127,6 +210,12 @@ def _payloads(message: np.ndarray) -> np.ndarray:
         raise PayloadError(f"a message declares {length} bytes of payloads but only "
                            f"{message.size - _LENGTH} arrived")
     return message[_LENGTH:_LENGTH + length]
+
+
+def _message(buffer: np.ndarray) -> np.ndarray:
+    """The message at the front of a receive buffer: its length and payloads, no more
+    (what a ring forwards)."""
+    return buffer[:_LENGTH + _payloads(buffer).size]
 
 
 def slots(topology: str, world: int) -> int:
@@ -138,13 +227,13 @@ Message = Callable[[], np.ndarray]
 
 
 def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
-            segs: list[Segment], role: str, deps: tuple[Task | None, ...] = (),
-            fused_feedback: bool = True) -> tuple[Task, Message]:
+            segs: list[Segment], role: str,
+            deps: tuple[Task | None, ...] = ()) -> tuple[Task, Message]:
     """An encode task and a getter for the message it produces."""
     box: list[np.ndarray] = []
 
     def run() -> None:
-        box.append(ctx.encode(segs, role, name, fused_feedback))
+        box.append(ctx.encode(segs, role, name))
 
     return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
 
@@ -160,17 +249,20 @@ def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message:
 def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
           segs: list[Segment], src: int, tag: int) -> tuple[Task, Message]:
     """A receive of the message for ``segs`` from ``src``."""
-    capacity = ctx.capacity(segs)
+    assert ctx.codec is not None
+    native = ctx.codec.target != "ref"
+    capacity = _LENGTH + ctx._rows("recv", name, segs, None).cap if native \
+        else ctx.capacity(segs)
     handle = P.recv(ctx.transport, capacity, src, tag,
                     ctx.scratch(("recv", name), capacity, np.uint8))
-    return graph.task(name, "recv", prio, None, handle=handle), lambda: handle.buffer
+    return graph.task(name, "recv", prio, None, handle=handle), lambda: _message(handle.buffer)
 
 
 def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Message,
             segs: list[Segment], accumulate: bool, scale: float | None,
-            deps: tuple[Task | None, ...], residual_role: str | None = None) -> Task:
+            deps: tuple[Task | None, ...]) -> Task:
     def run() -> None:
-        ctx.decode(message(), segs, accumulate, scale, residual_role)
+        ctx.decode(message(), segs, accumulate, scale, name)
 
     return graph.task(name, "compute", prio, run, deps)
 
@@ -186,7 +278,6 @@ def build_ps(ctx: Context, graph: Graph) -> None:
     rank, world = ctx.rank, ctx.world
     mean = 1.0 / world
     up, down = ctx.tag_of(0), ctx.tag_of(1)
-    with_feedback = ctx.feedback is not None
     for agg in range(world):
         mine = [s for s in ctx.chunk.segments if s.owner == agg]
         if not mine:
@@ -207,14 +298,12 @@ def build_ps(ctx: Context, graph: Graph) -> None:
                 t_recv, theirs = _recv(graph, ctx, f"agg/recv{src}", (1, src), mine, src, up)
                 t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True,
                                  None, (t_prev, t_recv))
-        # Its residuals are updated by its own final decode of the re-encoded payload.
         t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator",
-                               (t_prev,), fused_feedback=False)
+                               (t_prev,))
         for dst in range(world):
             if dst != rank:
                 _send(graph, ctx, f"agg/send{dst}", (3, dst), total, dst, down, (t_enc,))
-        _decode(graph, ctx, "agg/decode", (4, world), total, mine, False, mean, (t_enc,),
-                "aggregator" if with_feedback else None)
+        _decode(graph, ctx, "agg/decode", (4, world), total, mine, False, mean, (t_enc,))
 
 
 def build_ring(ctx: Context, graph: Graph) -> None:
@@ -232,7 +321,6 @@ def build_ring(ctx: Context, graph: Graph) -> None:
     runs = ctx.chunk.parts(world)
     t_last, message = _encode(graph, ctx, "rs-encode", (0, 0), runs[rank], "worker")
     _send(graph, ctx, "rs-send0", (1, 0), message, right, ctx.tag_of(0), (t_last,))
-    with_feedback = ctx.feedback is not None
     for h in range(world - 1):
         c = (rank - h - 1) % world
         t_recv, incoming = _recv(graph, ctx, f"rs-recv{h}", (2 * h + 1, 0), runs[c], left,
@@ -241,16 +329,14 @@ def build_ring(ctx: Context, graph: Graph) -> None:
         t_merge = _decode(graph, ctx, f"rs-merge{h}", (2 * h + 2, 0), incoming, runs[c], True,
                           None, (t_last, t_recv))
         owner = h == world - 2
-        # The owner's residuals are updated by its own decode of the run, below.
         t_last, message = _encode(graph, ctx, f"rs-encode{h}", (2 * h + 2, 1), runs[c],
-                                  "owner" if owner else "hop", (t_merge,),
-                                  fused_feedback=not owner)
+                                  "owner" if owner else "hop", (t_merge,))
         name = f"rs-send{h + 1}" if not owner else "ag-send0"
         _send(graph, ctx, name, (2 * h + 3, 0), message, right, ctx.tag_of(h + 1), (t_last,))
     # Our own reduced run: decode the bytes every other rank decodes.
     own = (rank + 1) % world
     _decode(graph, ctx, f"decode{own}", (2 * world, 0), message, runs[own], False, mean,
-            (t_last,), "owner" if with_feedback else None)
+            (t_last,))
     for g in range(world - 1):
         c = (rank - g) % world
         stage = 2 * world + 2 * g + 1

@@ -91,12 +91,16 @@ class StaticPlanner:
         self.min_compress = int(min_compress)
         self.partition_bytes = int(partition_bytes)
         self.params = tuple(sorted(params.items()))
+        self._plans: dict[tuple[bool, int], Plan] = {}
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan:
         k = max(1, min(world_size, math.ceil(numel * 4 / self.partition_bytes)))
-        if self.algorithm is None or numel < self.min_compress or world_size == 1:
-            return Plan("none", None, k)
-        return Plan(self.topology, self.algorithm, k, self.params)
+        raw = self.algorithm is None or numel < self.min_compress or world_size == 1
+        plan = self._plans.get((raw, k))
+        if plan is None:
+            plan = self._plans[(raw, k)] = Plan("none", None, k) if raw else \
+                Plan(self.topology, self.algorithm, k, self.params)
+        return plan
 
     def __repr__(self) -> str:
         return (f"StaticPlanner({self.algorithm!r}, {self.topology!r}, "

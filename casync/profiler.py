@@ -154,56 +154,70 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
 
 
-def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
-                     reps: int) -> tuple[Linear, Linear]:
-    """The engine's own cost per chunk graph and per segment, beyond its primitives.
-
-    Synchronizer steps of T tiny tensors are timed for two T, once with every tensor in a
-    chunk of its own and once with all of them in one chunk; each slope beyond what the
-    primitives above predict for the same steps is the overhead (graph building,
-    dispatch, threads; per segment: its submit, views, RNG site and residual)."""
+def _engine_steps(transport: Transport, planner: Any, algorithm: str, chunk_elems: int,
+                  count: int, size: int, reps: int) -> float:
+    """The median time of Synchronizer steps of ``count`` tensors of ``size`` floats."""
     import torch
 
+    from .synchronizer import Synchronizer
+
+    sync = Synchronizer(algorithm, planner=planner, group=transport.group,
+                        transport=transport, timeout=600, chunk_elems=chunk_elems)
+    rng = np.random.default_rng(transport.rank)
+    tensors = [torch.from_numpy((rng.standard_normal(size) * 1e-3).astype(np.float32))
+               for _ in range(count)]
+
+    def step() -> None:
+        for i, t in enumerate(tensors):
+            sync.submit(f"g{i}", t)
+        sync.synchronize()
+
+    try:
+        step()
+        times = []
+        for _ in range(reps):
+            transport.dist.barrier(group=transport.group)
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    finally:
+        sync.close()
+    return statistics.median(times)
+
+
+def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
+                     reps: int) -> tuple[Linear, Linear]:
+    """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``:
+    a per chunk, b per element) and per segment (``tensor/TOPOLOGY``).
+
+    Real Synchronizer steps are timed for two sizes of each of three shapes: tiny tensors
+    each in a chunk of its own (the slope per chunk), tiny tensors in one chunk (per
+    segment), and eight large tensors in two chunks (per element: what the threads that
+    share the cores with the kernels, and the waits between ranks, add). Each slope beyond
+    what the primitives predict for the same steps is the overhead."""
     from .plan import StaticPlanner
     from .simulate import Gradient, simulate
-    from .synchronizer import Synchronizer
 
     algorithm = "none" if topology == "none" else algo
     planner = StaticPlanner(algorithm, topology if topology != "none" else "ps",
-                            min_compress=0, partition_bytes=1 << 30)
-    counts, size = (16, 64), 256
-    slopes = []
-    for chunk_elems in (size, 1 << 30):  # a chunk per tensor; one chunk for all
-        sync = Synchronizer(algorithm, planner=planner, group=transport.group,
-                            transport=transport, timeout=600, chunk_elems=chunk_elems)
-        measured = []
-        try:
-            for count in counts:
-                tensors = [torch.ones(size) for _ in range(count)]
+                            min_compress=0, partition_bytes=1 << 40)
 
-                def step(_: int, tensors: list[Any] = tensors, sync: Any = sync) -> None:
-                    for i, t in enumerate(tensors):
-                        sync.submit(f"g{i}", t)
-                    sync.synchronize()
-
-                step(0)
-                times = []
-                for _ in range(reps):
-                    transport.dist.barrier(group=transport.group)
-                    t0 = time.perf_counter()
-                    step(0)
-                    times.append(time.perf_counter() - t0)
-                measured.append(statistics.median(times))
-        finally:
-            sync.close()
+    def slope(shapes: list[tuple[int, int, int]], per: float) -> float:
+        measured = [_engine_steps(transport, planner, algorithm, ce, n, size, reps)
+                    for n, size, ce in shapes]
         measured = _max_over_ranks(transport, measured)
         predicted = [simulate(model, transport.size,
                               [Gradient(f"g{i}", size) for i in range(n)], "casync",
-                              planner=planner, chunk_elems=chunk_elems).end for n in counts]
-        slopes.append(((measured[1] - measured[0]) - (predicted[1] - predicted[0]))
-                      / (counts[1] - counts[0]))
-    per_tensor = max(slopes[1], 0.0)
-    return Linear(max(slopes[0] - per_tensor, 0.0), 0.0), Linear(per_tensor, 0.0)
+                              planner=planner, chunk_elems=ce).end for n, size, ce in shapes]
+        return ((measured[1] - measured[0]) - (predicted[1] - predicted[0])) / per
+
+    tiny = 256
+    per_tensor = max(slope([(16, tiny, 1 << 30), (64, tiny, 1 << 30)], 48), 0.0)
+    per_chunk = max(slope([(16, tiny, tiny), (64, tiny, tiny)], 48) - per_tensor, 0.0)
+    small, large = 1 << 18, 1 << 20  # eight of them in two chunks, either way
+    per_element = max(slope([(8, small, 4 * small), (8, large, 4 * large)],
+                            8 * (large - small)), 0.0)
+    return Linear(per_chunk, per_element), Linear(per_tensor, 0.0)
 
 
 #: floats merged before each timed exchange (see ``_exchange``)
@@ -371,8 +385,9 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
             costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
                 transport, model, algorithms[0] if algorithms else "none", topo, reps)
-            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
-                f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
+            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs "
+                f"+ {costs[f'graph/{topo}'].b * 1e9:.2f} ns per element, per segment: "
+                f"{costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,

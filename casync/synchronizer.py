@@ -43,15 +43,18 @@ def _future() -> Any:
     return torch.futures.Future()
 
 
-def _stage(tensor: Any) -> tuple[np.ndarray, bool]:
-    """A flat float32 host buffer for ``tensor`` and whether results must be copied back."""
+def _stage(tensor: Any) -> tuple[np.ndarray, bool, int]:
+    """A flat float32 host buffer for ``tensor``, whether results must be copied back,
+    and the buffer's address."""
     if isinstance(tensor, np.ndarray):
         if tensor.dtype == np.float32 and tensor.flags.c_contiguous \
                 and tensor.flags.writeable:
-            return tensor.reshape(-1), False
+            flat = tensor.reshape(-1)
+            return flat, False, flat.ctypes.data
         if tensor.dtype.kind != "f":
             raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
-        return np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1), True
+        flat = np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1)
+        return flat, True, flat.ctypes.data
     import torch
 
     if not isinstance(tensor, torch.Tensor):
@@ -61,9 +64,10 @@ def _stage(tensor: Any) -> tuple[np.ndarray, bool]:
         raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
     t = tensor.detach()
     if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous():
-        return t.view(-1).numpy(), False
+        return t.view(-1).numpy(), False, t.data_ptr()
     # fp16/bf16/f64 are upcast; non-contiguous and device tensors are staged on the host.
-    return t.to(device="cpu", dtype=torch.float32).contiguous().view(-1).numpy(), True
+    host = t.to(device="cpu", dtype=torch.float32).contiguous().view(-1)
+    return host.numpy(), True, host.data_ptr()
 
 
 def _give_back(entry: Entry) -> None:
@@ -153,6 +157,7 @@ class Synchronizer:
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, np.ndarray] = {}
+        self._rows: dict[Hashable, Any] = {}
         self.algorithm = None if algorithm in (None, "none") else algorithm
         self.topology = "none" if self.algorithm is None else topology
         self.params = dict(params)
@@ -236,11 +241,11 @@ class Synchronizer:
         if name in self._names:
             raise ConfigError(f"tensor {name!r} was already submitted in step {self.step}; "
                               "call synchronize() to finish the step first")
-        buf, write_back = _stage(tensor)
+        buf, write_back, ptr = _stage(tensor)
         if not self._names:
             self._settle()
             self.health.progress(self.step)
-        entry = Entry(name, tensor, buf, write_back, _future())
+        entry = Entry(name, tensor, buf, write_back, _future(), ptr=ptr)
         self._names.add(name)
         if self._fit is not None:
             self._seen.append((name, buf.size))
@@ -328,7 +333,7 @@ class Synchronizer:
         plan = chunk.plan
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
-                      self.step, self._tag, chunk, self._pool)
+                      self.step, self._tag, chunk, self._pool, self._rows)
         self._tag = (self._tag + slots(plan.topology, self.size)) % tag_space
         graph = Graph(chunk.label, self.step)
         entries = list(dict.fromkeys(s.entry for s in chunk.segments))

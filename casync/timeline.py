@@ -180,8 +180,8 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 
         # rather than before it.
         per_graph = cost.costs.get(f"graph/{plan.topology}")
         per_tensor = cost.costs.get(f"tensor/{plan.topology}")
-        if per_graph is not None and fixed:
-            beside.append([Stage("compute", per_graph.a)])
+        if per_graph is not None:
+            beside.append([Stage("compute", per_graph(x) if fixed else per_graph.b * x)])
         if per_tensor is not None:
             beside.append([Stage("compute", segments * per_tensor.a)])
     return beside + out

@@ -37,7 +37,7 @@ from .payload import algorithm_id, header_size
 from .typing_rules import ITEMSIZE
 
 __all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint",
-           "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK"]
+           "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK", "SCALE_SUM"]
 
 _ERRCAP = 512
 
@@ -45,12 +45,12 @@ _ERRCAP = 512
 #: buffer and its capacity, the payload size (written by the call), RNG step, flags
 ENCODE_ITEM = np.dtype([("g", "<u8"), ("r", "<u8"), ("n", "<u8"), ("out", "<u8"),
                         ("cap", "<u8"), ("size", "<i8"), ("step", "<u4"), ("flags", "<u4")])
-#: one segment of ``hp_decode_batch``: payload and its size, element count, output, and a
-#: residual updated in the same pass (0: none)
-DECODE_ITEM = np.dtype([("p", "<u8"), ("size", "<u8"), ("n", "<u8"), ("out", "<u8"),
-                        ("fb", "<u8")])
+#: one segment of ``hp_decode_batch``: payload and its size, element count, output
+DECODE_ITEM = np.dtype([("p", "<u8"), ("size", "<u8"), ("n", "<u8"), ("out", "<u8")])
 #: an encode item's flag: subtract the decoded payload from its residual (error feedback)
 FEEDBACK = 1
+#: a batched decode's ``accumulate`` that adds and then multiplies the sum by the scale
+SCALE_SUM = 2
 
 
 def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
@@ -157,7 +157,7 @@ class Kernel:
                                f"{message}")
         return int(total)
 
-    def run_decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+    def run_decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                          feedback: bool, chained: bool) -> None:
         """Decode every ``DECODE_ITEM`` (``chained``: the first item's bytes hold one payload
         per item, end to end). A bad payload is a PayloadError naming its segment."""
@@ -205,7 +205,7 @@ class CpuKernel(Kernel):
     def encode_batch(self, items: np.ndarray, seed: int, buf: np.ndarray) -> int:
         return self.run_encode_batch(items, seed, True)
 
-    def decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+    def decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                      feedback: bool) -> None:
         self.run_decode_batch(items, accumulate, scale, feedback, True)
 
@@ -247,7 +247,7 @@ class CudaKernel(Kernel):
         with torch.cuda.device(buf.device):
             return self.run_encode_batch(items, seed, True)
 
-    def decode_batch(self, items: np.ndarray, accumulate: bool, scale: float,
+    def decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                      feedback: bool) -> None:
         import torch
 

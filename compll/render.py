@@ -542,12 +542,12 @@ class CRenderer(ExprRenderer):
             _, m, count, index_fn, value_fn = self.scatter_parts(value)
             self.emit(f"if (!hp::check_indices({count}, {m}, {index_fn}, err, errcap)) "
                       "return 2;")
-            self.emit(f"hp::scatter_out(out, n, accumulate, scale, feedback, fb_out, {count}, "
+            self.emit(f"hp::scatter_out(out, n, accumulate, scale, feedback, {count}, "
                       f"{index_fn}, {value_fn});")
         else:
             self.open_pass("n", deps)
             value_fn = self.element_fn(value, "f32", staged=True)
-            op = f"hp::write_out(out, accumulate, scale, feedback, fb_out, {value_fn})"
+            op = f"hp::write_out(out, accumulate, scale, feedback, {value_fn})"
             self.add_op(op, [], deps)
             self.flush()
         self.emit("return 0;")

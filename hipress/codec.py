@@ -329,8 +329,8 @@ class Codec:
         return buf[:total], [int(v) for v in items["size"]]
 
     def decode_batch(self, payload: Any, ns: Sequence[int], outs: Sequence[Any] | None = None,
-                     accumulate: bool = False, scale: float = 1.0, feedback: bool = False,
-                     residuals: Sequence[Any] | None = None) -> list[Any]:
+                     accumulate: bool = False, scale: float = 1.0,
+                     feedback: bool = False) -> list[Any]:
         """Decompress the payloads of several segments, laid end to end (``encode_batch``'s
         result or a received message), in one native call.
 
@@ -340,8 +340,6 @@ class Codec:
             ns: each segment's element count.
             outs: each segment's output (contiguous float32 of its count); new ones by
                 default. ``accumulate``, ``scale`` and ``feedback`` as for ``decode``.
-            residuals: per segment, a residual (or None) that the same pass also updates
-                with error feedback's rule: ``r -= decoded``, non-finite results set to 0.
 
         Returns:
             The outputs.
@@ -367,13 +365,10 @@ class Codec:
             else:
                 outs = [np.empty(n, np.float32) for n in ns]
         outs = list(outs)
-        res = list(residuals) if residuals is not None else [None] * count
-        if len(outs) != count or len(res) != count:
-            raise ConfigError(f"{count} segments but {len(outs)} outputs and {len(res)} "
-                              "residuals")
+        if len(outs) != count:
+            raise ConfigError(f"{count} segments but {len(outs)} outputs")
         if backend == "ref":
-            self._decode_batch_ref(_as_payload(payload), ns, outs, accumulate, scale, feedback,
-                                   res)
+            self._decode_batch_ref(_as_payload(payload), ns, outs, accumulate, scale, feedback)
             return outs
         from compll.loaders import DECODE_ITEM
 
@@ -386,32 +381,53 @@ class Codec:
             items["n"] = ns
             items["out"] = [_ptr(_check_buffer(o, n, "outs=", cuda))
                             for o, n in zip(outs, ns, strict=True)]
-            items["fb"] = [0 if r is None else _ptr(_check_buffer(r, n, "residuals=", cuda))
-                           for r, n in zip(res, ns, strict=True)]
         elif nbytes:
             raise PayloadError(f"{nbytes} bytes for no segments")
-        self._kernel(backend).decode_batch(items, accumulate, scale, feedback)
+        self._kernel(backend).decode_batch(items, int(accumulate), scale, feedback)
         return outs
 
+    def encode_items(self, items: np.ndarray, out: Any) -> int:
+        """``encode_batch``'s native call on prepared rows (for callers that hold the
+        addresses, as CaSync's graphs do; they keep the memory alive).
+
+        Args:
+            items: a ``compll.loaders.ENCODE_ITEM`` array with every field but ``size``
+                set, its ``out`` addresses laid in order inside ``out``.
+            out: the buffer the payloads are written to (host array, or CUDA tensor).
+
+        Returns:
+            The payloads' total bytes, end to end from the first item's ``out``.
+        """
+        backend = self._backend(on_gpu=_is_cuda(out))
+        if backend == "ref":
+            raise ConfigError("encode_items runs kernels; target 'ref' takes encode_batch")
+        return int(self._kernel(backend).encode_batch(items, self.seed, out))
+
+    def decode_items(self, items: np.ndarray, accumulate: bool = False, scale: float = 1.0,
+                     feedback: bool = False, cuda: bool = False,
+                     scale_sum: bool = False) -> None:
+        """``decode_batch``'s native call on prepared ``compll.loaders.DECODE_ITEM`` rows:
+        the first row's ``p`` and ``size`` span the message, every row's ``n`` and ``out``
+        are set. ``scale_sum``: add the decoded values, then multiply the sum by
+        ``scale`` (an average of a sum). Raises PayloadError naming the bad segment."""
+        from compll.loaders import SCALE_SUM
+
+        backend = self._backend(on_gpu=cuda)
+        if backend == "ref":
+            raise ConfigError("decode_items runs kernels; target 'ref' takes decode_batch")
+        mode = SCALE_SUM if scale_sum else int(accumulate)
+        self._kernel(backend).decode_batch(items, mode, float(np.float32(scale)), feedback)
+
     def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
-                          accumulate: bool, scale: float, feedback: bool,
-                          res: list[Any]) -> None:
+                          accumulate: bool, scale: float, feedback: bool) -> None:
         from compll.payload import framed_size
 
         pos = 0
-        for i, (n, o, r) in enumerate(zip(ns, outs, res, strict=True)):
+        for i, (n, o) in enumerate(zip(ns, outs, strict=True)):
             try:
                 size = framed_size(buf[pos:])
-                if r is None:
-                    self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate,
-                                scale=scale, feedback=feedback)
-                else:
-                    values = self.decode(buf[pos:pos + size], n)
-                    self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate,
-                                scale=scale, feedback=feedback)
-                    with np.errstate(invalid="ignore", over="ignore"):
-                        np.subtract(r, values, out=r)
-                        r[~np.isfinite(r)] = 0.0
+                self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate, scale=scale,
+                            feedback=feedback)
             except PayloadError as exc:
                 raise PayloadError(f"segment {i} of {len(ns)}: {exc}") from None
             pos += size

@@ -17,7 +17,7 @@ def _cells(key: str, fit: Any) -> tuple[str, str, str]:
     """a, b and b as a rate, in the units of the primitive ``key``."""
     if key.startswith("bytes/"):
         return f"{fit.a:.0f} B", f"{fit.b:.4f} B/elem", f"{fit.b * 8:.3f} bits/elem"
-    if key.startswith(("graph/", "tensor/")):
+    if key.startswith("tensor/"):
         return f"{fit.a * 1e6:.1f}", "-", "-"
     unit, width = ("s/B", 1) if key in ("send", "intra") else ("s/elem", 4)
     rate = f"{width / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"

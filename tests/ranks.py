@@ -220,9 +220,9 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             self.sends += 1
             return super().allreduce(data)
 
-    counts = {}
+    counts, sent = {}, {}
     for topo in args["topologies"]:
-        algo = "none" if topo == "none" else "onebit"
+        algo = "none" if topo == "none" else args.get("algo", "onebit")
         for count in (10, 200):
             transport = Counting()
             sync = Synchronizer(algo, "ps" if topo == "none" else topo, transport=transport,
@@ -231,14 +231,20 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             tensors = [torch.from_numpy(data(rank, i, 200_000 // count)) for i in range(count)]
             per_step = []
             for _ in range(3):
-                before = transport.sends
+                before, bytes_before = transport.sends, transport.bytes_sent
                 for i, t in enumerate(tensors):
+                    t.copy_(torch.from_numpy(data(rank, i, t.numel())))
                     sync.submit(f"t{i}", t)
                 sync.synchronize()
                 per_step.append(transport.sends - before)
+                sent[f"{topo}/{count}"] = transport.bytes_sent - bytes_before
+            if algo != "none":
+                codec = sync.codec(sync.planner.plan("t0", tensors[0].numel(), sync.size))
+                sent[f"{topo}/{count}/payloads"] = sum(
+                    codec.encode(data(rank, i, 200_000 // count)).size for i in range(count))
             sync.close()
             counts[f"{topo}/{count}"] = per_step
-    return {"counts": counts}
+    return {"counts": counts, "bytes": sent}
 
 
 def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:

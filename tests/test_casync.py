@@ -245,11 +245,17 @@ def test_encode_of_a_later_chunk_overlaps_earlier_communication(tmp_path, topolo
 
 @pytest.mark.parallel
 @pytest.mark.parametrize("world", [2, 4])
-def test_messages_per_step_do_not_grow_with_the_number_of_tensors(tmp_path, world):
+@pytest.mark.parametrize("algo", ["onebit", "dgc"])
+def test_messages_per_step_do_not_grow_with_the_number_of_tensors(tmp_path, world, algo):
     """The same bytes in 10 or in 200 tensors: the same messages per step and rank,
-    as many as the graph's stages need (one chunk here)."""
+    as many as the graph's stages need (one chunk here), carrying what the payloads
+    hold and no more (a ring forwards the message it received, not its buffer)."""
     topologies = ["ps", "ring", "allgather", "none"]
-    results = ranks.launch(world, "messages", tmp_path, {"topologies": topologies})
+    results = ranks.launch(world, "messages", tmp_path, {"topologies": topologies,
+                                                         "algo": algo})
+    # what a rank sends per step, in units of its payloads' bytes: ps and ring send about
+    # 2 (N-1)/N of them, allgather N-1 copies
+    share = {"ps": 2.0, "ring": 2.0, "allgather": world - 1.0}
     expected = {"ps": 2 * (world - 1), "ring": 2 * (world - 1), "allgather": world - 1,
                 "none": 1}
     for rank, r in enumerate(results):
@@ -257,6 +263,10 @@ def test_messages_per_step_do_not_grow_with_the_number_of_tensors(tmp_path, worl
         for topo in topologies:
             few, many = r["counts"][f"{topo}/10"], r["counts"][f"{topo}/200"]
             assert few == many == [expected[topo]] * 3, (rank, topo, few, many)
+            if topo != "none":
+                payloads = r["bytes"][f"{topo}/200/payloads"]
+                assert r["bytes"][f"{topo}/200"] <= 1.1 * share[topo] * payloads + 64 * world, \
+                    (rank, topo, r["bytes"])
 
 
 @pytest.mark.parallel

@@ -434,15 +434,12 @@ Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
 // The decoded tensor: out[i] = scale * f(i), or out[i] += scale * f(i) when
 // accumulating (a scale of 1 multiplies nothing, so values stay bit-exact), or, with
 // feedback (error feedback's residual), out[i] += scale * f(i), set to 0 if not finite.
-// With fb (not null) the same pass also updates a residual: fb[i] -= f(i), set to 0 if not
-// finite, which is what a feedback decode with scale -1 would write, without a second pass.
 template <class F>
 struct WriteOut {
   float* out;
   int accumulate;
   float scale;
   int feedback;
-  float* fb;
   F f;
   void start(uint64_t, int64_t) {}
   void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
@@ -450,17 +447,7 @@ struct WriteOut {
     float* const o = this->out;
     const float s = scale;
     const uint32_t l32 = (uint32_t)lo, h32 = (uint32_t)hi;
-    if (fb) {
-      float* const r = this->fb;
-      const int acc = accumulate, fbk = feedback;
-      for (uint32_t i = l32; i < h32; ++i) {
-        const float v = f(i, st);
-        const float w = s == 1.0f ? (acc || fbk ? o[i] + v : v) : (acc || fbk ? o[i] + s * v : s * v);
-        o[i] = fbk && !hp_isfinite(w) ? 0.0f : w;
-        const float d = r[i] - v;
-        r[i] = hp_isfinite(d) ? d : 0.0f;
-      }
-    } else if (feedback) {
+    if (feedback) {
       for (uint32_t i = l32; i < h32; ++i) {
         const float v = o[i] + s * f(i, st);
         o[i] = hp_isfinite(v) ? v : 0.0f;
@@ -480,8 +467,8 @@ struct WriteOut {
   void finish() {}
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, float* fb, F f) {
-  return {out, accumulate, scale, feedback, fb, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
+  return {out, accumulate, scale, feedback, f};
 }
 
 // r[i] += g[i], in parallel (error feedback adds the gradient into its residual).
@@ -664,27 +651,27 @@ bool increasing(uint64_t len, I index) {
 }
 
 // A decoded scatter: zeros plus values in index order, scaled, added to out when
-// accumulating (the interpreter's out + scale * (0 + v1 + v2 ...)), with feedback and fb
-// as in WriteOut. With indices that strictly increase (every sparse encoder's), adding
+// accumulating (the interpreter's out + scale * (0 + v1 + v2 ...)), with feedback as in
+// WriteOut. With indices that strictly increase (every sparse encoder's), adding
 // into out touches only the scattered elements plus one pass for what the formula does
 // to the others: out + scale * 0 turns -0 into +0 when scale > 0, and feedback zeroes
 // non-finite values; with repeated indices the values are summed in a zeroed scratch.
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback, float* fb,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
   if (!accumulate && !feedback) {
     std::memset(out, 0, n * sizeof(float));
     scatter_add(out, n, len, index, value);
-    if (scale != 1.0f || fb)  // out holds the unscaled values until this pass
+    if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, 0, fb, [=](uint64_t i, const Stage&) { return out[i]; }));
+            write_out(out, 0, scale, 0, [=](uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
   const float zero = scale * 0.0f;  // what an element without a value gets added
   // Feedback zeroes what is not finite after the add, so an element's value must go in
   // before any zeroing: the scattered elements first, then a pass over the rest, which
   // must leave finite values as they are (zero is -0).
-  const bool sparse = !fb && hp_isfinite(scale) && scale != 0.0f &&
+  const bool sparse = hp_isfinite(scale) && scale != 0.0f &&
                       (!feedback || std::signbit(zero)) && increasing(len, index);
   if (sparse) {
     if (!feedback && !std::signbit(zero)) {
@@ -710,7 +697,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, feedback, fb, [=](uint64_t i, const Stage&) { return t[i]; }));
+        write_out(out, 1, scale, feedback, [=](uint64_t i, const Stage&) { return t[i]; }));
 }
 
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }
@@ -754,7 +741,7 @@ int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact,
     it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap);
     if (it.size >= 0 && (uint64_t)it.size <= it.cap && (it.flags & FEEDBACK) && it.r) {
       char err[128];  // a payload this call just wrote always decodes
-      dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, nullptr, err, sizeof err);
+      dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, err, sizeof err);
     }
   });
   for (uint64_t i = 0; i < count; ++i)
@@ -769,10 +756,11 @@ int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact,
   return (int64_t)(dst - items[0].out);
 }
 
-// Decode every item. With chained, items[0].p and .size are a whole message holding one
+// Decode every item (accumulate: 0, 1, or SCALE_SUM: add, then multiply the sum by scale).
+// With chained, items[0].p and .size are a whole message holding one
 // payload per item end to end: each item's payload is found from the header before it.
 // Returns -1, or the index of the first item that failed with its message in err; every
-// other item is decoded, a failed one's out and fb are left as they were.
+// other item is decoded, a failed one's out is left as it was.
 template <class Dec>
 int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale, int feedback,
                      int chained, Dec dec, char* err, uint64_t errcap) {
@@ -793,10 +781,19 @@ int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale
     }
   }
   int64_t bad = -1;
+  // accumulate == SCALE_SUM: add, then scale the sum (the mean of an allgather's payloads)
+  const int acc = accumulate == SCALE_SUM ? 1 : accumulate;
+  const float once = accumulate == SCALE_SUM ? 1.0f : scale;
   for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
     const DecItem& it = items[i];
     char e[512];
-    if (dec(it.p, it.size, it.n, it.out, accumulate, scale, feedback, it.fb, e, sizeof e)) {
+    const int rc = dec(it.p, it.size, it.n, it.out, acc, once, feedback, e, sizeof e);
+    if (!rc && accumulate == SCALE_SUM) {
+      float* const o = it.out;
+#pragma omp parallel for schedule(static) if (it.n >= BATCH_SMALL)
+      for (int64_t j = 0; j < (int64_t)it.n; ++j) o[j] = o[j] * scale;
+    }
+    if (rc) {
 #pragma omp critical(hp_decode_batch)
       if (bad < 0 || (int64_t)i < bad) {
         bad = (int64_t)i;

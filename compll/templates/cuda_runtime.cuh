@@ -183,23 +183,17 @@ __global__ void k_store(T* out, uint64_t len, F f, Stage st) {
 
 // out[i] = scale * f(i), or out[i] += scale * f(i); a scale of 1 multiplies nothing.
 // With feedback (error feedback's residual): out[i] += scale * f(i), 0 if not finite.
-// With fb (not null) the same kernel also updates a residual: fb[i] -= f(i), 0 if not finite.
 template <class F>
 __global__ void k_write_out(float* out, uint64_t len, int accumulate, float scale,
-                            int feedback, float* fb, F f, Stage st) {
+                            int feedback, F f, Stage st) {
   for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < len;
        i += (uint64_t)gridDim.x * blockDim.x) {
-    const float raw = f(i, st);
-    const float v = scale == 1.0f ? raw : __fmul_rn(scale, raw);
+    const float v = scale == 1.0f ? f(i, st) : __fmul_rn(scale, f(i, st));
     if (feedback) {
       const float w = __fadd_rn(out[i], v);
       out[i] = hp_isfinite(w) ? w : 0.0f;
     } else {
       out[i] = accumulate ? __fadd_rn(out[i], v) : v;
-    }
-    if (fb) {
-      const float d = __fsub_rn(fb[i], raw);
-      fb[i] = hp_isfinite(d) ? d : 0.0f;
     }
   }
 }
@@ -437,17 +431,28 @@ struct WriteOut {
   int accumulate;
   float scale;
   int feedback;
-  float* fb;
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, fb, f, st);
+    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
 template <class F>
-WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, float* fb, F f) {
-  return {out, accumulate, scale, feedback, fb, f};
+WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f) {
+  return {out, accumulate, scale, feedback, f};
+}
+
+__global__ void k_scale_into(float* x, uint64_t n, float s) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    x[i] = __fmul_rn(x[i], s);
+}
+// x[i] *= s (a batched decode's SCALE_SUM: the mean of the sum).
+inline void scale_into(float* x, uint64_t n, float s) {
+  if (!n) return;
+  k_scale_into<<<blocks_for(n), THREADS>>>(x, n, s);
+  check(cudaGetLastError(), "scale kernel");
 }
 
 // r[i] += g[i] (error feedback adds the gradient into its residual).
@@ -609,14 +614,14 @@ void scatter_add(T* out, uint64_t size, uint64_t len, I index, V value) {
 }
 
 template <class I, class V>
-void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback, float* fb,
+void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
   if (!accumulate && !feedback) {
     check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
     scatter_add(out, n, len, index, value);
-    if (scale != 1.0f || fb)  // out holds the unscaled values until this kernel
+    if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, 0, fb,
+            write_out(out, 0, scale, 0,
                       [=] __device__(uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
@@ -624,7 +629,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, feedback, fb,
+        write_out(out, 1, scale, feedback,
                   [=] __device__(uint64_t i, const Stage&) { return t[i]; }));
 }
 

@@ -124,7 +124,7 @@ inline bool framed(const uint8_t* h, uint64_t avail, uint64_t* total, char* err,
 // these layouts). An encode item writes its payload to out[0..cap) and reports its size;
 // flags bit 0 (FEEDBACK): with a residual r, also subtract what the payload decodes to
 // from r, as error feedback does after every encode. A decode item reads p[0..size) into
-// out; fb (not null) is a residual updated in the same pass (fb -= decoded).
+// out.
 struct EncItem {
   const float* g;
   float* r;
@@ -140,9 +140,10 @@ struct DecItem {
   uint64_t size;
   uint64_t n;
   float* out;
-  float* fb;
 };
 constexpr uint32_t FEEDBACK = 1;
+// A batched decode's accumulate value that adds and then scales the sum.
+constexpr int SCALE_SUM = 2;
 
 // Sizes come from the payload: check each against the buffer before adding, so a
 // forged size cannot overflow the total.
