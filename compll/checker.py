@@ -131,6 +131,11 @@ class _Checker:
             if e.value > 0xFFFFFFFF:
                 raise self.err(f"integer literal {e.value} does not fit in 32 bits", e.pos)
             return dataclasses.replace(e, ty=Type.scalar("i32", literal=True))
+        with np.errstate(over="ignore"):
+            overflows = not np.isfinite(np.float32(e.value))
+        if overflows:  # the parser reads 1e400 as inf: no literal spells inf
+            raise self.err("float literal out of the f32 range (at most "
+                           f"{float(np.finfo(np.float32).max):.7g} in magnitude)", e.pos)
         return dataclasses.replace(e, ty=Type.scalar("f32", literal=True))
 
     def expr_var(self, e: ir.Var) -> ir.Expr:

@@ -99,6 +99,10 @@ decode(p: bytes, n: u32) -> f32[n]:
      "code after return is never run"),
     ("extract-in-encode", program("let a, b = extract(g)\n" + OK_ENCODE), DslTypeError, 2, 16,
      "extract can only be used in decode"),
+    ("float-overflow", "param eps: f32 = 1e400\n" + program(OK_ENCODE), DslTypeError, 1, 18,
+     "float literal out of the f32 range"),
+    ("float-overflow-f32", program("let s = -4e38\n" + OK_ENCODE), DslTypeError, 2, 14,
+     "float literal out of the f32 range"),
 ]
 
 
