@@ -5,7 +5,8 @@ N ranks synchronize a model's gradient profile (tensor sizes in backward order, 
 
 * ``allreduce``: uncompressed Gloo allreduce over 25 MB buckets (what DDP does);
 * ``naive <algo>``: per tensor, encode, all-gather sizes and payloads, decode and sum —
-  no pipelining, no batching (how compression is usually bolted on);
+  no pipelining, no batching (how compression is usually bolted on;
+  ``casync.baselines``);
 * ``casync <algo> <topology>``: the engine with its default static plan, or with
   ``auto`` the cost-model planner on a profile measured on the same ranks first;
 * the lower bound of each algorithm: its compressed bytes over one link at the measured
@@ -48,6 +49,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from casync.baselines import naive_step  # noqa: E402
 from casync.chunks import CHUNK_ELEMS  # noqa: E402
 from casync.plan import MIN_COMPRESS  # noqa: E402
 from hipress.distributed import destroy_process_group  # noqa: E402
@@ -120,25 +122,6 @@ def _allreduce_step(dist: Any, tensors: list[Any]) -> None:
         for p in parts:
             p.copy_(flat[offset:offset + p.numel()])
             offset += p.numel()
-
-
-def _naive_step(dist: Any, codec: Any, tensors: list[Any]) -> None:
-    import torch
-
-    world = dist.get_world_size()
-    for t in tensors:
-        payload = torch.from_numpy(codec.encode(t))
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-        dist.all_gather(sizes, torch.tensor([payload.numel()]))
-        longest = int(max(s.item() for s in sizes))
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[:payload.numel()] = payload
-        got = [torch.empty(longest, dtype=torch.uint8) for _ in range(world)]
-        dist.all_gather(got, mine)
-        acc = np.zeros(t.numel(), np.float32)
-        for buf, size in zip(got, sizes, strict=True):
-            codec.decode(buf[:int(size.item())].numpy(), t.numel(), out=acc, accumulate=True)
-        t.copy_(torch.from_numpy(acc / world))
 
 
 def _messages(transport: Any) -> int:
@@ -232,7 +215,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
              "bytes_per_rank": link, "seconds": enc + dec + link / link_Bps}
     rows = [bound]
     if args.naive:
-        times = _timed(dist, lambda: _naive_step(dist, codec, tensors), reset, args.steps)
+        times = _timed(dist, lambda: naive_step(dist, codec, tensors), reset, args.steps)
         rows.append({"case": f"naive {algo}", "algorithm": algo, "topology": "allgather",
                      "seconds": statistics.median(times)})
         say(f"naive {algo}: {rows[-1]['seconds']:.3f} s")

@@ -9,7 +9,9 @@ Keys: ``send`` (seconds per message of x bytes between two ranks while every ran
 sends), ``allreduce`` (seconds for x float32 elements over the measured world),
 ``exchange`` (seconds for a compress-and-all-gather baseline's exchange of x payload
 bytes per rank: an all-gather of the payload sizes, then one of the payloads),
-``merge`` (x elements added in place), ``encode/ALGO`` and ``decode/ALGO`` (x elements),
+``merge`` (x elements added in place), ``encode/ALGO`` (x elements, with error feedback
+where the engine keeps it), ``decode/ALGO`` (into a buffer, scaled: a rank's final
+values), ``accumulate/ALGO`` (decode-and-merge: an aggregator's or a hop's merge),
 ``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` and ``tensor/TOPOLOGY``
 (the engine's own cost per chunk graph and per segment in it, beyond its primitives:
 building the graph, dispatching its tasks, submitting the tensors) and, for several
@@ -138,6 +140,11 @@ class CostModel:
     def decode(self, algo: str, n: float) -> float:
         return self._get(f"decode/{algo}")(n)
 
+    def accumulate(self, algo: str, n: float) -> float:
+        """Decode-and-merge; a profile without it prices it as a decode."""
+        key = f"accumulate/{algo}" if f"accumulate/{algo}" in self.costs else f"decode/{algo}"
+        return self._get(key)(n)
+
     def nbytes(self, algo: str, n: float) -> float:
         return self._get(f"bytes/{algo}")(n)
 
@@ -259,6 +266,7 @@ class CostModel:
             slow = algo in ("dgc", "graddrop", "topk")
             costs[f"encode/{algo}"] = Linear(15e-6, 1.0 / (gbps / 5 if slow else gbps))
             costs[f"decode/{algo}"] = Linear(15e-6, 1.0 / gbps)
+            costs[f"accumulate/{algo}"] = Linear(15e-6, 1.0 / gbps)
             costs[f"bytes/{algo}"] = payload_bytes(algo)
         return cls(nodes, costs, gpus, {"kind": "cluster", "nodes": nodes, "gpus": gpus,
                                         "bandwidth_bps": bandwidth_bps})

@@ -134,7 +134,8 @@ class _Cold:
 def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
                  elements: tuple[int, ...], reps: int, target: str,
                  error_feedback: bool | None) -> dict[str, Linear]:
-    """Encode (with residuals where the engine keeps them), decode-and-merge, bytes."""
+    """Encode (with residuals where the engine keeps them), decode (into a buffer,
+    scaled, as a rank's final values are), decode-and-merge, bytes."""
     from .costmodel import payload_bytes
 
     codec = hipress.codec(algo, target=target)
@@ -142,15 +143,20 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
     feedback = ErrorFeedback() if on else None
     out = np.empty(codec.max_payload_bytes(max(elements)), np.uint8)
     payloads = {n: codec.encode(x(n)).copy() for n in elements}
+    mean = 1.0 / max(transport.size, 2)
 
     def encode(n: int) -> None:
         P.encode(codec, x(n), 0, feedback, n, out)
 
     def decode(n: int) -> None:
+        P.decode(codec, payloads[n], acc(n), scale=mean)
+
+    def accumulate(n: int) -> None:
         P.decode(codec, payloads[n], acc(n), accumulate=True)
 
     return {f"encode/{algo}": _sweep(transport, elements, reps, encode),
             f"decode/{algo}": _sweep(transport, elements, reps, decode),
+            f"accumulate/{algo}": _sweep(transport, elements, reps, accumulate),
             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
 
 
@@ -187,37 +193,91 @@ def _engine_steps(transport: Transport, planner: Any, algorithm: str, chunk_elem
 
 def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
                      reps: int) -> tuple[Linear, Linear]:
-    """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``:
-    a per chunk, b per element) and per segment (``tensor/TOPOLOGY``).
+    """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``'s
+    a) and per segment (``tensor/TOPOLOGY``).
 
-    Real Synchronizer steps are timed for two sizes of each of three shapes: tiny tensors
-    each in a chunk of its own (the slope per chunk), tiny tensors in one chunk (per
-    segment), and eight large tensors in two chunks (per element: what the threads that
-    share the cores with the kernels, and the waits between ranks, add). Each slope beyond
-    what the primitives predict for the same steps is the overhead."""
-    from .plan import StaticPlanner
-    from .simulate import Gradient, simulate
-
+    Real Synchronizer steps of tiny tensors are timed for two counts, each tensor in a
+    chunk of its own (the slope per chunk) and all of them in one chunk (per segment);
+    each slope beyond what the primitives predict for the same steps is the overhead."""
     algorithm = "none" if topology == "none" else algo
-    planner = StaticPlanner(algorithm, topology if topology != "none" else "ps",
-                            min_compress=0, partition_bytes=1 << 40)
+    planner = _flat_planner(algorithm, topology)
+    tiny = 256
 
-    def slope(shapes: list[tuple[int, int, int]], per: float) -> float:
-        measured = [_engine_steps(transport, planner, algorithm, ce, n, size, reps)
-                    for n, size, ce in shapes]
-        measured = _max_over_ranks(transport, measured)
-        predicted = [simulate(model, transport.size,
-                              [Gradient(f"g{i}", size) for i in range(n)], "casync",
-                              planner=planner, chunk_elems=ce).end for n, size, ce in shapes]
+    def slope(shapes: list[tuple[int, int, int]]) -> float:
+        measured = _max_over_ranks(transport, [
+            _engine_steps(transport, planner, algorithm, ce, n, size, reps)
+            for n, size, ce in shapes])
+        predicted = [_predict_steps(model, transport.size, planner, n, size, ce)
+                     for n, size, ce in shapes]
+        per = shapes[1][0] - shapes[0][0]
         return ((measured[1] - measured[0]) - (predicted[1] - predicted[0])) / per
 
-    tiny = 256
-    per_tensor = max(slope([(16, tiny, 1 << 30), (64, tiny, 1 << 30)], 48), 0.0)
-    per_chunk = max(slope([(16, tiny, tiny), (64, tiny, tiny)], 48) - per_tensor, 0.0)
-    small, large = 1 << 18, 1 << 20  # eight of them in two chunks, either way
-    per_element = max(slope([(8, small, 4 * small), (8, large, 4 * large)],
-                            8 * (large - small)), 0.0)
-    return Linear(per_chunk, per_element), Linear(per_tensor, 0.0)
+    per_tensor = max(slope([(16, tiny, 1 << 30), (64, tiny, 1 << 30)]), 0.0)
+    per_chunk = max(slope([(16, tiny, tiny), (64, tiny, tiny)]) - per_tensor, 0.0)
+    return Linear(per_chunk, 0.0), Linear(per_tensor, 0.0)
+
+
+#: the bulk steps that price the engine's cost per element: eight tensors in two chunks
+_BULK = (8, 1 << 22)
+
+
+def _bulk_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
+                   reps: int) -> Linear:
+    """What the engine adds per element of a large step beyond its primitives
+    (``bulk/ALGO/TOPOLOGY``): the threads that share the cores with the kernels, and the
+    waits between ranks. Steps of eight 4M-float tensors in two chunks, measured against
+    what the model (with the per-chunk and per-segment costs above) predicts for them."""
+    algorithm = "none" if topology == "none" else algo
+    planner = _flat_planner(algorithm, topology)
+    count, size = _BULK
+    measured = _max_over_ranks(transport, [_engine_steps(transport, planner, algorithm,
+                                                         4 * size, count, size, reps)])[0]
+    predicted = _predict_steps(model, transport.size, planner, count, size, 4 * size)
+    return Linear(0.0, max(measured - predicted, 0.0) / (count * size))
+
+
+def _flat_planner(algorithm: str, topology: str) -> Any:
+    from .plan import StaticPlanner
+
+    return StaticPlanner(algorithm, topology if topology != "none" else "ps", min_compress=0,
+                         partition_bytes=1 << 40)
+
+
+def _predict_steps(model: CostModel, world: int, planner: Any, count: int, size: int,
+                   chunk_elems: int) -> float:
+    from .simulate import Gradient, simulate
+
+    return simulate(model, world, [Gradient(f"g{i}", size) for i in range(count)], "casync",
+                    planner=planner, chunk_elems=chunk_elems).end
+
+
+def _naive_overhead(transport: Transport, model: CostModel, algo: str, reps: int) -> Linear:
+    """The naive baseline's cost per tensor beyond the primitives it calls (its Python,
+    its allocations, the waits for the slowest rank at every collective): steps of T tiny
+    tensors timed for two T, the slope beyond what the model predicts for them."""
+    import torch
+
+    from .baselines import naive_step
+    from .simulate import Gradient, simulate
+
+    codec = hipress.codec(algo)
+    counts, size = (16, 64), 256
+    measured = []
+    for count in counts:
+        tensors = [torch.ones(size) for _ in range(count)]
+        naive_step(transport.dist, codec, tensors, transport.group)
+        times = []
+        for _ in range(reps):
+            transport.dist.barrier(group=transport.group)
+            t0 = time.perf_counter()
+            naive_step(transport.dist, codec, tensors, transport.group)
+            times.append(time.perf_counter() - t0)
+        measured.append(statistics.median(times))
+    measured = _max_over_ranks(transport, measured)
+    predicted = [simulate(model, transport.size, [Gradient(f"g{i}", size) for i in range(n)],
+                          "naive", algorithm=algo).end for n in counts]
+    slope = ((measured[1] - measured[0]) - (predicted[1] - predicted[0])) / (counts[1] - counts[0])
+    return Linear(max(slope, 0.0), 0.0)
 
 
 #: floats merged before each timed exchange (see ``_exchange``)
@@ -382,12 +442,23 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
         say(f"compute/communication overlap: {overlap:.2f}")
         model = CostModel(transport.size, dict(costs), 1, {}, overlap)
+        if algorithms:
+            costs["naive"] = _naive_overhead(transport, model, algorithms[0], reps)
+            say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
         for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
             costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
                 transport, model, algorithms[0] if algorithms else "none", topo, reps)
-            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs "
-                f"+ {costs[f'graph/{topo}'].b * 1e9:.2f} ns per element, per segment: "
-                f"{costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
+            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
+                f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
+        model = CostModel(transport.size, dict(costs), 1, {}, overlap)
+        for algo in algorithms:
+            for topo in ("ps", "ring", "allgather"):
+                key = f"bulk/{algo}/{topo}"
+                costs[key] = _bulk_overhead(transport, model, algo, topo, reps)
+                say(f"engine overhead of {algo} {topo} per element: "
+                    f"{costs[key].b * 1e9:.2f} ns")
+        if algorithms:
+            costs["bulk/none"] = _bulk_overhead(transport, model, algorithms[0], "none", reps)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,

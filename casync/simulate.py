@@ -141,10 +141,12 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
         y = cost.nbytes(algo, x)
         peers = world * g_ - 1
         # The exchange: all-gathers of the sizes, then of the payloads. Besides the
-        # codec: zero the sum, average it, copy it back (three passes).
-        chain = [Stage("compute", cost.encode(algo, x)),
+        # codec: zero the sum, average it, copy it back (three passes), and what the
+        # baseline's own code costs per tensor (profiled as ``naive``).
+        own = cost.costs["naive"].a if "naive" in cost.costs else 0.0
+        chain = [Stage("compute", cost.encode(algo, x) + own),
                  Stage("net", cost.exchange(y, peers + 1)),
-                 Stage("compute", (peers + 1) * cost.decode(algo, x) + 3 * cost.merge(x))]
+                 Stage("compute", (peers + 1) * cost.accumulate(algo, x) + 3 * cost.merge(x))]
         t = lanes.run(on_host(cost, chain), max(t, g.ready))
         result.units.append(Unit(g.name, g.numel, Plan("allgather", algo, 1), g.ready, t))
     result.end = t

@@ -95,6 +95,12 @@ class _Costs:
     def dec(self, v: float) -> float:
         return self._at(f"decode/{self.algo}", v / self.g)
 
+    def acc(self, v: float) -> float:
+        key = f"accumulate/{self.algo}"
+        if key not in self.cost.costs:
+            key = f"decode/{self.algo}"
+        return self._at(key, v / self.g)
+
     def nbytes(self, v: float) -> float:
         return self.g * self.cost.nbytes(str(self.algo), v / self.g)
 
@@ -112,7 +118,7 @@ def _codec_stages(c: _Costs, topology: str, x: float, world: int) -> list[Stage]
         # own share, one reply from each aggregator and their decodes.
         share, mine = x / n, x - x / n
         wire = c.wire((n - 1) * c.nbytes(share))
-        agg = (n - 1) * c.dec(share) + c.enc(share) + c.dec(share)
+        agg = (n - 1) * c.acc(share) + c.enc(share) + c.dec(share)
         return [Stage("compute", (n - 1) * c.enc(share)), wire, Stage("compute", agg), wire,
                 Stage("compute", (n - 1) * c.dec(share) if mine else 0.0)]
     if topology == "ring":
@@ -120,13 +126,13 @@ def _codec_stages(c: _Costs, topology: str, x: float, world: int) -> list[Stage]
         hop = c.wire(c.nbytes(run))
         out = [Stage("compute", c.enc(run))]
         for _ in range(n - 1):
-            out += [hop, Stage("compute", c.dec(run) + c.enc(run))]
+            out += [hop, Stage("compute", c.acc(run) + c.enc(run))]
         out += [hop for _ in range(n - 1)]
         return out + [Stage("compute", n * c.dec(run))]  # the decodes also average
     if topology == "allgather":
-        # the last decode accumulates, then a pass averages
+        # the first decode overwrites, the others add (the last one also averages)
         return [Stage("compute", c.enc(x)), c.wire((n - 1) * c.nbytes(x)),
-                Stage("compute", n * c.dec(x) + c.cost.merge(x / c.g))]
+                Stage("compute", c.dec(x) + (n - 1) * c.acc(x))]
     raise ValueError(f"no compressed chain for topology {topology!r}")
 
 
@@ -143,8 +149,9 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 
         numel: elements of the chunk.
         world: nodes taking part (``cost.gpus`` workers each).
         segments: payloads in the chunk (a tensor's partitions count one each).
-        engine: add CaSync's own cost per graph and per segment (``graph/TOPOLOGY``,
-            ``tensor/TOPOLOGY``); off for baselines that do not run through the engine.
+        engine: add CaSync's own cost per graph, per segment and per element
+            (``graph/TOPOLOGY``, ``tensor/TOPOLOGY``, ``bulk/ALGO/TOPOLOGY``); off for
+            baselines that do not run through the engine.
         fixed: count fixed costs (latencies, per-call costs); off to price what one more
             tensor adds to a chunk shared with others (the planner's per-tensor choice).
 
@@ -174,14 +181,18 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 
     else:
         out.append(inner)
     if engine:
-        # The engine's own cost of running a chunk's graph (tasks, dispatch, messages) and
-        # of each segment in it, measured on the engine: spent on the cores while the graph
-        # runs, as its tasks become ready, so it occupies the compute lane beside the chain
-        # rather than before it.
+        # The engine's own cost of running a chunk's graph (tasks, dispatch, messages), of
+        # each segment in it and of each element (threads sharing the cores, waits between
+        # ranks), measured on the engine: spent on the cores while the graph runs, so it
+        # occupies the compute lane beside the chain rather than before it.
         per_graph = cost.costs.get(f"graph/{plan.topology}")
         per_tensor = cost.costs.get(f"tensor/{plan.topology}")
-        if per_graph is not None:
-            beside.append([Stage("compute", per_graph(x) if fixed else per_graph.b * x)])
+        bulk = cost.costs.get(f"bulk/{plan.algorithm}/{plan.topology}" if plan.compress
+                              else "bulk/none")
+        if per_graph is not None and fixed:
+            beside.append([Stage("compute", per_graph.a)])
+        if bulk is not None:
+            beside.append([Stage("compute", bulk.b * x)])
         if per_tensor is not None:
             beside.append([Stage("compute", segments * per_tensor.a)])
     return beside + out

@@ -19,6 +19,8 @@ def _cells(key: str, fit: Any) -> tuple[str, str, str]:
         return f"{fit.a:.0f} B", f"{fit.b:.4f} B/elem", f"{fit.b * 8:.3f} bits/elem"
     if key.startswith("tensor/"):
         return f"{fit.a * 1e6:.1f}", "-", "-"
+    if key.startswith("bulk/"):
+        return "-", f"{fit.b:.3g} s/elem", "-"
     unit, width = ("s/B", 1) if key in ("send", "intra") else ("s/elem", 4)
     rate = f"{width / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
     return f"{fit.a * 1e6:.1f}", f"{fit.b:.3g} {unit}", rate

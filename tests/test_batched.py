@@ -167,3 +167,6 @@ def test_sparse_decodes_into_special_accumulators_match_the_reference(name, scal
         assert same_values(got, want), (feedback, scale)
         if feedback:  # no NaN is left: every bit agrees
             assert got.tobytes() == want.tobytes()
+    # and overwriting: scale * 0 (a -0 for a negative scale) where nothing is scattered
+    assert cpu.decode(payload, n, scale=scale).tobytes() == \
+        ref.decode(payload, n, scale=scale).tobytes()

@@ -659,7 +659,16 @@ bool increasing(uint64_t len, I index) {
 template <class I, class V>
 void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
+  const float zero = scale * 0.0f;  // what an element without a value gets (added)
   if (!accumulate && !feedback) {
+    if (increasing(len, index)) {  // every element once: scale * 0, or scale * (0 + v)
+      std::fill(out, out + n, zero);
+      for (uint64_t j = 0; j < len; ++j) {
+        const int64_t ix = (int64_t)index(j);
+        if (ix >= 0 && (uint64_t)ix < n) out[ix] = scale * (0.0f + (float)value(j));
+      }
+      return;
+    }
     std::memset(out, 0, n * sizeof(float));
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
@@ -667,7 +676,6 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
             write_out(out, 0, scale, 0, [=](uint64_t i, const Stage&) { return out[i]; }));
     return;
   }
-  const float zero = scale * 0.0f;  // what an element without a value gets added
   // Feedback zeroes what is not finite after the add, so an element's value must go in
   // before any zeroing: the scattered elements first, then a pass over the rest, which
   // must leave finite values as they are (zero is -0).
