@@ -177,6 +177,14 @@ class Executor:
             self._closed = True
             self._cv.notify_all()
 
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the lanes' threads to end (after ``close``);
+        whether they all did."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        return not any(t.is_alive() for t in self._threads)
+
     # -- completion ---------------------------------------------------------------------
 
     def _dispatch(self, ready: list[Task]) -> None:

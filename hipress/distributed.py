@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from casync.plan import MIN_COMPRESS
+from casync.teardown import Connections
 
 from .errors import ConfigError
 from .hosts import free_port
@@ -27,6 +28,7 @@ __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
 
 _state: dict[str, Any] = {"group": None, "initialized": False, "owns_group": False}
 _engines: weakref.WeakSet[Any] = weakref.WeakSet()  # closed by shutdown()
+_connections = Connections()  # of the groups init() created: cut after a failure
 
 
 def _dist() -> Any:
@@ -52,20 +54,24 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> None:
         >>> hp.init(); print(hp.rank(), hp.size())
     """
     dist = _dist()
-    if not dist.is_initialized():
-        if backend is None:
-            import torch
+    with _connections.watch():
+        if not dist.is_initialized():
+            if backend is None:
+                import torch
 
-            backend = "nccl" if torch.cuda.is_available() and "LOCAL_RANK" in os.environ \
-                else "gloo"
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
-        else:
-            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
-                                    rank=0, world_size=1, timeout=timedelta(seconds=timeout))
-        _state["owns_group"] = True
-    _state["group"] = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+                backend = "nccl" if torch.cuda.is_available() and "LOCAL_RANK" in os.environ \
+                    else "gloo"
+            if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+                dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+            else:
+                dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",
+                                        rank=0, world_size=1,
+                                        timeout=timedelta(seconds=timeout))
+            _state["owns_group"] = True
+        _state["group"] = None if dist.get_backend() == "gloo" \
+            else dist.new_group(backend="gloo")
     _state["initialized"] = True
+    _at_exit()
 
 
 def is_initialized() -> bool:
@@ -239,15 +245,61 @@ def _global(group_rank: int) -> int:
 
 
 def shutdown() -> None:
-    """Finish the engines' last messages and leave the process group if ``init`` made it."""
-    for engine in list(_engines):
-        engine.close()
+    """Finish the engines' last messages and leave the process group if ``init`` made it.
+
+    After a ``SyncError`` the group is broken: its connections are cut first, so every
+    pending operation ends at once, and the process can exit with the user's exit code.
+    """
+    engines = list(_engines)
+    broken = _release(engines)
     _engines.clear()
-    if _state["owns_group"]:
+    if _state["owns_group"] and not broken:
         destroy_process_group()
     else:
         _let_gloo_release()
     _state.update(group=None, initialized=False, owns_group=False)
+
+
+def _release(engines: list[Any]) -> bool:
+    """Close ``engines``; when one failed, cut the group's connections and wait (bounded)
+    for their threads to leave Gloo. Whether one had failed."""
+    broken = any(e.executor.error is not None for e in engines)
+    if broken:
+        _connections.cut()
+    for engine in engines:
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - a failed engine's close re-raises nothing new
+            pass
+        if broken:
+            engine.executor.join(5.0)
+    return broken
+
+
+_hooked = False
+
+
+def _at_exit() -> None:
+    """At interpreter exit, release a broken group's engines before finalization starts
+    (see ``casync.teardown``), for scripts that exit without ``shutdown()``."""
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    import threading
+
+    register = getattr(threading, "_register_atexit", None)  # before threads are reaped
+    if register is None:
+        import atexit
+
+        register = atexit.register
+
+    def release() -> None:
+        engines = [e for e in list(_engines) if e.executor.error is not None]
+        if engines:
+            _release(engines)
+
+    register(release)
 
 
 # How long the main thread lets go of the GIL before the interpreter may finalize.

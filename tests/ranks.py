@@ -275,11 +275,16 @@ SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault
                                                      pipeline, messages, auto_plan)}
 
 
+#: scenarios that join the group themselves (through hipress's init, as a user would)
+OWN_INIT = {"torch_fault"}
+
+
 def main(scenarios: dict[str, Any] | None = None) -> None:
     """A rank's entry point: run ``sys.argv[1]`` of ``scenarios`` (default: this file's)."""
     scenario, raw, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     rank = int(os.environ["RANK"])
-    _init()
+    if scenario not in OWN_INIT:
+        _init()
     result = (scenarios or SCENARIOS)[scenario](json.loads(raw), rank, folder)
     (folder / f"rank{rank}.json").write_text(json.dumps(result))
     # Skip process-group teardown: a dead peer must not turn a report into a hang.
@@ -411,7 +416,82 @@ def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return messages
 
 
-SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse)})
+def torch_fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """A 2-rank training loop (DDP + comm hook, or DistributedOptimizer) whose rank 1 dies
+    or stalls in step 3; the survivor catches ``hipress.SyncError`` around the step, shuts
+    HiPress down and exits the way a user's script would (``sys.exit(7)``)."""
+    import torch
+    from torch import nn
+
+    import hipress
+    import hipress.torch as hp
+
+    hp.init(timeout=60)
+    if args["mode"] == "engine":
+        return _engine_fault(args, rank, out)
+    x, y = _digits()
+    model = _mlp(2048)  # large enough to be compressed
+    opt: Any = torch.optim.SGD(model.parameters(), lr=0.05)
+    net: Any = model
+    if args["mode"] == "hook":
+        net = nn.parallel.DistributedDataParallel(model)
+        net.register_comm_hook(hp.HookState(algorithm="onebit"), hp.comm_hook)
+    else:
+        opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      algorithm="onebit")
+    report: dict[str, Any] = {"error": None}
+    start = time.monotonic()
+    try:
+        for step in range(6):
+            start = time.monotonic()
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(x[:64]), y[:64])
+            if step == 3 and rank == 1:
+                # mid-step: the survivor has posted this step's messages and waits on them
+                time.sleep(1.0)
+                if args["fault"] == "die":
+                    os._exit(17)
+                time.sleep(float(os.environ["HIPRESS_TIMEOUT"]) + 5)
+            loss.backward()
+            opt.step()
+    except hipress.SyncError as exc:
+        report = {"error": str(exc), "type": type(exc).__name__,
+                  "after": time.monotonic() - start}
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if args.get("shutdown", True):
+        hp.shutdown()
+    sys.exit(7)
+
+
+def _engine_fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """torch_fault on the engine itself: many tensors, so that many messages are in
+    flight when the last rank dies mid-step."""
+    import torch
+
+    import hipress
+    from hipress import distributed as core
+
+    world = core.size()
+    sync = core.synchronizer("onebit", topology=args.get("topology", "ps"), timeout=5)
+    report: dict[str, Any] = {"error": None}
+    try:
+        for step in range(4):
+            tensors = [torch.from_numpy(data(rank, i, 300_000, step)) for i in range(20)]
+            if step == 2 and rank == world - 1:
+                time.sleep(0.5)
+                os._exit(17)
+            for i, t in enumerate(tensors):
+                sync.submit(f"t{i}", t)
+            sync.synchronize()
+    except hipress.SyncError as exc:
+        report = {"error": str(exc), "type": type(exc).__name__}
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if args.get("shutdown", True):
+        core.shutdown()
+    sys.exit(7)
+
+
+SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse, torch_fault)})
 
 
 if __name__ == "__main__":

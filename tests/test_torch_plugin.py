@@ -195,3 +195,42 @@ def test_onebit_converges_like_uncompressed(tmp_path):
     raw = sum(n for n in sizes if n < MIN_COMPRESS)
     assert onebit["params"] == sum(sizes)
     assert 0 < onebit["bytes_per_step"] < 4 * raw + 4 * (sum(sizes) - raw) / 16
+
+
+# ------------------------------------------------------------------------------ failures
+
+FAULT_TIMEOUT = 5.0
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("fault", ["die", "stall"])
+@pytest.mark.parametrize("mode", ["hook", "optimizer"])
+def test_a_dead_or_stalled_peer_is_a_sync_error_in_the_training_loop(tmp_path, mode, fault):
+    """``try: loss.backward(); opt.step() except hipress.SyncError`` catches a peer that
+    dies or stalls mid-step, under DDP's comm hook as under DistributedOptimizer, within
+    the timeout; the survivor then exits with its own code (7), not SIGABRT."""
+    results = ranks.launch(2, "torch_fault", tmp_path, {"mode": mode, "fault": fault},
+                           env={"HIPRESS_TIMEOUT": str(FAULT_TIMEOUT)}, timeout=120)
+    survivor = results[0]
+    assert survivor["rc"] == 7, survivor["log"][-3000:]
+    assert survivor["type"] == "SyncError", survivor
+    assert "step 3" in survivor["error"] and "rank 1" in survivor["error"], survivor
+    assert survivor["after"] <= FAULT_TIMEOUT + 10, survivor
+    assert results[1]["rc"] == (17 if fault == "die" else 7), results[1]["log"][-3000:]
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("shutdown", [True, False], ids=["shutdown", "exit"])
+@pytest.mark.parametrize("topology", ["ps", "ring"])
+def test_survivors_exit_with_their_code_after_a_failure(tmp_path, topology, shutdown):
+    """With many messages in flight when a rank dies, every survivor raises SyncError and
+    ends with the exit code it chose, whether it calls hp.shutdown() or just exits: no
+    'terminate called without an active exception', no hang."""
+    results = ranks.launch(4, "torch_fault", tmp_path,
+                           {"mode": "engine", "topology": topology, "shutdown": shutdown},
+                           env={"HIPRESS_TIMEOUT": str(FAULT_TIMEOUT)}, timeout=120)
+    assert results[3]["rc"] == 17
+    for r in results[:3]:
+        assert r["rc"] == 7, r["log"][-3000:]
+        assert r["type"] == "SyncError", r
+        assert "terminate called" not in r["log"]

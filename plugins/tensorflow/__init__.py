@@ -28,11 +28,11 @@ from hipress.distributed import (  # noqa: E402
 )
 
 from .functions import broadcast_variables  # noqa: E402
-from .gradients import DistributedGradientTape  # noqa: E402
+from .gradients import DistributedGradientTape, sync_errors  # noqa: E402
 from .keras import BroadcastGlobalVariablesCallback, DistributedOptimizer  # noqa: E402
 
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "shutdown",
     "DistributedGradientTape", "DistributedOptimizer", "broadcast_variables",
-    "BroadcastGlobalVariablesCallback",
+    "BroadcastGlobalVariablesCallback", "sync_errors",
 ]

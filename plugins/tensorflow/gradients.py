@@ -11,14 +11,46 @@ tensors. ``docs/frameworks.md`` has the measured cost of both routes.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from hipress import distributed as core
+from hipress.errors import SyncError
 
-__all__ = ["Averager", "DistributedGradientTape"]
+__all__ = ["Averager", "DistributedGradientTape", "sync_errors"]
+
+#: every SyncError an averaging step raised, in order (``sync_errors`` looks them up)
+_RAISED: list[SyncError] = []
+
+
+@contextlib.contextmanager
+def sync_errors() -> Iterator[None]:
+    """Give back the ``SyncError`` that TensorFlow wrapped.
+
+    Eagerly, a failed synchronization raises ``hipress.SyncError`` from
+    ``tape.gradient`` or ``optimizer.apply``. Inside ``tf.function`` (and so in Keras's
+    ``model.fit``) TensorFlow runs HiPress's step as a ``tf.numpy_function`` and turns
+    any Python exception raised there into a ``tf.errors.UnknownError``; within this
+    block such an error caused by a SyncError is raised as that SyncError.
+
+    Example:
+        >>> try:
+        ...     with hp.sync_errors():
+        ...         loss = train_step(x, y)          # a tf.function
+        ... except hipress.SyncError:
+        ...     hp.shutdown(); sys.exit(1)
+    """
+    seen = len(_RAISED)
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        if len(_RAISED) > seen:
+            raise _RAISED[-1] from exc
+        raise
 
 
 class Averager:
@@ -32,7 +64,11 @@ class Averager:
         if not core.is_live(self.engine):
             self.engine = self.options.engine()
         owned = [np.array(a, dtype=np.float32, order="C", copy=True) for a in arrays]
-        return core.average_arrays(self.engine, list(zip(names, owned, strict=True)))
+        try:
+            return core.average_arrays(self.engine, list(zip(names, owned, strict=True)))
+        except SyncError as exc:
+            _RAISED.append(exc)
+            raise
 
     def average(self, grads: list[Any], names: list[str]) -> list[Any]:
         """The averaged gradients; ``None`` entries stay ``None``.

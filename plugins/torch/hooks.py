@@ -43,6 +43,7 @@ class HookState:
         self.topology = topology
         # internal state, created on the first bucket (the process group exists by then)
         self.sync: Any = None
+        self._step_futures: list[torch.futures.Future[Any]] | None = None
         # statistics
         self.steps = 0
 
@@ -57,8 +58,34 @@ class HookState:
         return 0 if self.sync is None else int(self.sync.transport.bytes_sent)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Engines and process groups do not travel in pickles.
-        return {k: v for k, v in self.__dict__.items() if k != "sync"} | {"sync": None}
+        # Engines, process groups and futures do not travel in pickles.
+        return {k: v for k, v in self.__dict__.items() if k not in ("sync", "_step_futures")} \
+            | {"sync": None, "_step_futures": None}
+
+    def _watch(self, futures: list[torch.futures.Future[Any]]) -> None:
+        """Make this backward pass raise the engine's ``SyncError`` as a ``SyncError``.
+
+        DDP waits on the hook's futures in C++, and an exception that completes a future
+        reaches the user as a plain ``RuntimeError``. A callback queued on the autograd
+        engine at the first bucket runs when backward ends, before DDP's own (queued at
+        the last bucket), on the thread that called ``backward()``: it waits for the
+        step's tensors and raises the engine's error itself, which keeps its type.
+        """
+        if self._step_futures is None:
+            self._step_futures = []
+            torch.autograd.Variable._execution_engine.queue_callback(self._check_step)
+        self._step_futures.extend(futures)
+
+    def _check_step(self) -> None:
+        futures, self._step_futures = self._step_futures or [], None
+        for future in futures:
+            try:
+                future.wait()
+            except Exception:
+                error = self.sync.executor.error if self.sync is not None else None
+                if error is not None:
+                    raise error from None
+                raise
 
 
 def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -74,7 +101,8 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     buffer = bucket.buffer()
     grads = _views_into(buffer, bucket.gradients())
     if grads is None:
-        future = sync.submit(f"bucket{bucket.index()}", buffer)
+        parts = [sync.submit(f"bucket{bucket.index()}", buffer)]
+        future = parts[0]
     else:
         parts = [sync.submit(f"bucket{bucket.index()}.{i}", g) for i, g in enumerate(grads)]
 
@@ -84,6 +112,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
             return buffer
 
         future = torch.futures.collect_all(parts).then(whole)
+    state._watch(parts)
     if bucket.is_last():
         sync.end_step()
         state.steps += 1

@@ -7,8 +7,10 @@ averaged gradient and the mean of every rank's own gradient.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,23 @@ WIDTH = 64
 def _die_if_asked(args: dict[str, Any], rank: int, step: int) -> None:
     if args.get("kill_rank") == rank and step == args.get("kill_step"):
         sys.stdout.flush()
+        if args.get("stall"):  # alive, silent past the survivors' timeout
+            time.sleep(float(os.environ["HIPRESS_TIMEOUT"]) + 5)
+            return
         os._exit(3)
+
+
+def _failed(args: dict[str, Any], rank: int, out: Path, exc: Exception, since: float,
+            hp: Any) -> dict[str, Any]:
+    """What a scenario reports for a SyncError; with ``exit_code``, it also ends the
+    process as a user's script would: shut HiPress down, then exit with that code."""
+    report = {"sync_error": str(exc), "type": type(exc).__name__,
+              "after": time.monotonic() - since}
+    if args.get("exit_code") is None:
+        return report
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    hp.shutdown()
+    sys.exit(int(args["exit_code"]))
 
 
 # -------------------------------------------------------------------------- TensorFlow
@@ -43,10 +61,14 @@ def tf_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     hp.init()
     results = {}
     for mode in args["modes"]:
+        start = time.monotonic()
         try:
-            results[mode] = _tf_mode(args, rank, mode)
+            # inside tf.function and model.fit, TensorFlow turns the SyncError into an
+            # UnknownError: hp.sync_errors() turns it back
+            with hp.sync_errors():
+                results[mode] = _tf_mode(args, rank, mode)
         except SyncError as exc:
-            return {"sync_error": str(exc)}
+            return _failed(args, rank, out, exc, start, hp)
     return results
 
 
@@ -71,8 +93,10 @@ def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
         opt = hp.DistributedOptimizer(keras.optimizers.SGD(0.05), algorithm=algo)
         model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
         sel = np.concatenate(idx)
+        fault = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs: _die_if_asked(args, rank, batch))
         history = model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=2, shuffle=False,
-                            verbose=0, callbacks=[hp.BroadcastGlobalVariablesCallback(0)])
+                            verbose=0, callbacks=[hp.BroadcastGlobalVariablesCallback(0), fault])
         losses = history.history["loss"]
     else:
         hp.broadcast_variables(model.variables, 0)
@@ -136,6 +160,7 @@ def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         scale = BATCH
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     losses, grad_error = [], None
+    start = time.monotonic()
     try:
         for step, sel in enumerate(batches(len(xtr), BATCH, rank, world, 0)[:STEPS]):
             _die_if_asked(args, rank, step)
@@ -157,8 +182,9 @@ def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             else:
                 trainer.step(scale)
             losses.append(float(loss.mean().asscalar()))
+            start = time.monotonic()
     except SyncError as exc:
-        return {"sync_error": str(exc)}
+        return _failed(args, rank, out, exc, start, hp)
     return {"losses": losses, "grad_error": grad_error,
             "digest": digest([p.data().asnumpy() for p in params.values()])}
 

@@ -37,12 +37,24 @@ def test_replicas_identical_and_loss_decreases(tmp_path, algo):
             assert first["grad_error"] < 1e-6 and second["grad_error"] < 1e-6, mode
 
 
-def test_a_killed_rank_raises_sync_error_on_the_other(tmp_path):
+FAULT_TIMEOUT = 5.0
+
+
+@pytest.mark.parametrize("fault", ["die", "stall"])
+@pytest.mark.parametrize("mode", ["eager", "graph", "keras"])
+def test_a_dead_or_stalled_rank_is_a_sync_error_and_a_clean_exit(tmp_path, mode, fault):
+    """Eagerly the SyncError comes as it is; inside tf.function and model.fit, through
+    ``hp.sync_errors()``. Then the survivor shuts down and exits with its own code."""
     start = time.monotonic()
-    results = _run(tmp_path, algo="onebit", modes=["eager"], kill_rank=1, kill_step=5)
-    assert results[1]["rc"] == 3
-    assert results[0]["rc"] == 0, results[0]["log"][-3000:]
-    assert "rank 1" in results[0]["sync_error"], results[0]
+    results = launch(2, "tf_train", tmp_path,
+                     {"algo": "onebit", "modes": [mode], "kill_rank": 1, "kill_step": 5,
+                      "stall": fault == "stall", "exit_code": 7}, timeout=300,
+                     env={"HIPRESS_TIMEOUT": str(FAULT_TIMEOUT)}, script=SCENARIOS)
+    survivor = results[0]
+    assert survivor["rc"] == 7, survivor["log"][-3000:]
+    assert survivor["type"] == "SyncError" and "rank 1" in survivor["sync_error"], survivor
+    assert survivor["after"] <= FAULT_TIMEOUT + 10, survivor
+    assert results[1]["rc"] == (3 if fault == "die" else 7), results[1]["log"][-3000:]
     assert time.monotonic() - start < 120
 
 
