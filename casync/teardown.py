@@ -25,7 +25,7 @@ __all__ = ["Connections"]
 
 def _sockets() -> dict[int, str]:
     """This process's socket descriptors and their inodes (Linux; empty elsewhere)."""
-    found = {}
+    found: dict[int, str] = {}
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
