@@ -23,12 +23,15 @@ import numpy as np
 from .plan import Plan
 from .primitives import partition
 
-__all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS"]
+__all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
 
 #: Elements a chunk collects before it is sent (16 MiB of float32): large enough that its
 #: messages' fixed costs vanish against their bytes, small enough that a model's step
 #: pipelines over several chunks.
 CHUNK_ELEMS = 4 << 20
+#: A ring cuts a tensor into up to N pieces of at least this many elements, one per run,
+#: so that a chunk of one large tensor still spreads over every hop.
+RING_PIECE = 65536
 
 
 @dataclass(eq=False)
@@ -55,7 +58,8 @@ class Segment:
     """Elements ``[lo, hi)`` of a tensor: one payload, one residual, one RNG site.
 
     Attributes:
-        owner: the aggregating rank (``ps``).
+        owner: the rank that reduces it (``ps``'s aggregator, the end of a ring's
+            reduce-scatter).
     """
 
     entry: Any  # an Entry (the simulator's tensors stand in for them)
@@ -110,26 +114,13 @@ class Chunk:
         first = self.segments[0].key if self.segments else ()
         return (self.plan.topology, first)
 
-    def parts(self, count: int) -> list[list[Segment]]:
-        """The chunk's elements cut into ``count`` runs of near-equal size (a ring's
-        chunks), segments split where a run ends."""
-        out: list[list[Segment]] = [[] for _ in range(count)]
-        bounds = [0] + [p.stop for p in partition(self.numel, count)]
-        part, start = 0, 0  # start: where the segment begins in the chunk
+    def runs(self, world: int) -> list[list[Segment]]:
+        """A ring's runs: run c holds the segments whose owner ends the reduce-scatter
+        with it, rank (c - 1) mod N. A segment's run follows its owner, not the chunk's
+        other tensors, so it is the same whatever else shares the chunk."""
+        out: list[list[Segment]] = [[] for _ in range(world)]
         for seg in self.segments:
-            if seg.n == 0:  # an empty tensor goes with the run holding its place
-                while part < count - 1 and start >= bounds[part + 1]:
-                    part += 1
-                out[part].append(seg)
-                continue
-            lo = 0
-            while lo < seg.n:
-                while start + lo >= bounds[part + 1]:
-                    part += 1
-                hi = min(seg.n, bounds[part + 1] - start)
-                out[part].append(seg.piece(lo, hi))
-                lo = hi
-            start += seg.n
+            out[(seg.owner + 1) % world].append(seg)
         return out
 
 
@@ -150,6 +141,9 @@ class Chunker:
         self.coalesce = coalesce
         self._open: dict[Plan, Chunk] = {}
         self._keys: dict[Plan, Plan] = {}  # a plan -> its chunk's plan (any K)
+        #: each segment's owner, chosen when it is first seen and kept: the same
+        #: aggregator every step, whatever order later steps submit in
+        self.owners: dict[tuple[str, int, int], int] = {}
         self._load = [0] * world
         self._segments = 0
         self._chunks = 0
@@ -160,18 +154,21 @@ class Chunker:
         the chunks this closed."""
         n = entry.numel
         k = max(plan.partitions_for(n) if plan.compress else 1, -(-n // self.chunk_elems))
+        if plan.topology == "ring":
+            k = max(k, min(self.world, n // RING_PIECE))
         key = self._keys.get(plan)
         if key is None:  # chunks mix any K
             key = self._keys[plan] = Plan(plan.topology, plan.algorithm, 1, plan.params)
         closed = []
         entry.pending = k
-        ps = plan.topology == "ps"
+        owned = plan.topology in ("ps", "ring")
         for sl in partition(n, k) if k > 1 else (slice(0, n),):
             lo, hi = sl.start, sl.stop
             chunk = self._open.get(key)
             if chunk is None:
                 chunk = self._open[key] = Chunk(key)
-            chunk.segments.append(Segment(entry, lo, hi, self._owner(hi - lo) if ps else 0))
+            owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
+            chunk.segments.append(Segment(entry, lo, hi, owner))
             chunk.numel += hi - lo
             if chunk.numel >= self.chunk_elems or not self.coalesce:
                 closed.append(self._close(key))
@@ -192,17 +189,21 @@ class Chunker:
         self._chunks += 1
         return chunk
 
-    def _owner(self, n: int) -> int:
-        """The least-loaded aggregator, ties rotating with the segment's place in the
-        step: a tensor gets the same aggregators every step, so an aggregator's residual
-        is applied at its next re-encode."""
+    def _owner(self, key: tuple[str, int, int], n: int) -> int:
+        """A segment's owner: on first sight the least-loaded rank of the step so far,
+        ties rotating with the segment's place in the step; then the same one every
+        step, so an aggregator's residual is applied at its next re-encode even when the
+        order changes (DDP rebuilds its buckets after its first step)."""
         start = self._segments % self.world
         self._segments += 1
         load = self._load
-        rank = start
-        for step in range(1, self.world):  # the first least loaded, counting from start
-            r = (start + step) % self.world
-            if load[r] < load[rank]:
-                rank = r
+        rank = self.owners.get(key, -1)
+        if rank < 0:
+            rank = start
+            for step in range(1, self.world):  # the first least loaded, counting from start
+                r = (start + step) % self.world
+                if load[r] < load[rank]:
+                    rank = r
+            self.owners[key] = rank
         load[rank] += n
         return rank

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Hashable
 
 import numpy as np
@@ -9,6 +10,8 @@ import numpy as np
 from hipress.codec import Codec
 
 __all__ = ["ErrorFeedback"]
+
+_versions = itertools.count(1)  # unique across instances: a cache keyed by one stays valid
 
 
 class ErrorFeedback:
@@ -31,7 +34,7 @@ class ErrorFeedback:
         self._residuals: dict[Hashable, np.ndarray] = {}
         #: changes whenever residual buffers are replaced, so that callers that hold
         #: their addresses (the engine's batched calls) know to look them up again
-        self.version = 0
+        self.version = next(_versions)
 
     def __len__(self) -> int:
         return len(self._residuals)
@@ -47,14 +50,24 @@ class ErrorFeedback:
         residual = self._residuals.get(key)
         if residual is None or residual.size != n:
             if residual is not None:
-                self.version += 1
+                self.version = next(_versions)
             residual = self._residuals[key] = np.zeros(n, np.float32)
         return residual
 
     def reset(self) -> None:
         """Forget every residual (e.g. after the model was reloaded)."""
         self._residuals.clear()
-        self.version += 1
+        self.version = next(_versions)
+
+    def state_dict(self) -> dict[Hashable, np.ndarray]:
+        """A copy of every residual, by site."""
+        return {key: r.copy() for key, r in self._residuals.items()}
+
+    def load_state_dict(self, state: dict[Hashable, np.ndarray]) -> None:
+        """Replace the residuals with ``state``'s (from ``state_dict``)."""
+        self._residuals = {key: np.array(r, dtype=np.float32, order="C", copy=True).reshape(-1)
+                           for key, r in state.items()}
+        self.version = next(_versions)
 
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:

@@ -309,16 +309,16 @@ def build_ps(ctx: Context, graph: Graph) -> None:
 def build_ring(ctx: Context, graph: Graph) -> None:
     """Compressed ring: reduce-scatter re-encoding at each hop, then forward as is.
 
-    The chunk's elements are cut into N runs (``Chunk.parts``). At reduce-scatter hop h,
-    rank r receives run (r-h-1) mod N from its left, adds its own values and re-encodes;
-    after N-1 hops it owns run (r+1) mod N. The allgather forwards the owners' messages
-    unchanged, so every rank decodes the same bytes.
+    The chunk's segments are grouped into N runs by their owners (``Chunk.runs``). At
+    reduce-scatter hop h, rank r receives run (r-h-1) mod N from its left, adds its own
+    values and re-encodes; after N-1 hops it owns run (r+1) mod N. The allgather forwards
+    the owners' messages unchanged, so every rank decodes the same bytes.
     """
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
     left, right = (rank - 1) % world, (rank + 1) % world
     mean = 1.0 / world
-    runs = ctx.chunk.parts(world)
+    runs = ctx.chunk.runs(world)
     t_last, message = _encode(graph, ctx, "rs-encode", (0, 0), runs[rank], "worker")
     _send(graph, ctx, "rs-send0", (1, 0), message, right, ctx.tag_of(0), (t_last,))
     for h in range(world - 1):

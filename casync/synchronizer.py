@@ -20,6 +20,8 @@ from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context, slots
 from .health import Health
 from .plan import Plan, Planner, StaticPlanner
+from .state import load_state_dict as load_engine_state
+from .state import state_dict as engine_state
 from .transport import Transport, tag_space
 
 __all__ = ["Synchronizer", "default_timeout"]
@@ -183,6 +185,42 @@ class Synchronizer:
             return None
         return self._feedback.setdefault(repr(codec), ErrorFeedback())
 
+    def _probe(self) -> Codec:
+        return self.codec(Plan(self.topology if self.topology != "none" else "ps",
+                               self.algorithm, 1, tuple(sorted(self.params.items()))))
+
+    def codec_params(self) -> dict[str, Any] | None:
+        """The algorithm's parameters in force (defaults filled in), or None."""
+        return None if self.algorithm is None else self._probe().params
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the engine carries between steps — residuals, step, plan — to checkpoint
+        (``casync.state``). Waits for the steps in flight first.
+
+        Example:
+            >>> torch.save(sync.state_dict(), f"hipress-rank{rank}.pt")
+        """
+        self._between_steps("state_dict")
+        return engine_state(self)
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from a ``state_dict`` saved by the same rank of a job of the same size:
+        the next steps give the same bits as the saved job's would have.
+
+        Raises:
+            ConfigError: the state is of another rank, world size (unless
+                ``reset_residuals``) or setting; the message names the field.
+        """
+        self._between_steps("load_state_dict")
+        load_engine_state(self, state, reset_residuals)
+
+    def _between_steps(self, what: str) -> None:
+        if self._names:
+            raise ConfigError(f"{what}() came in the middle of step {self.step}; call it "
+                              "after synchronize() (or optimizer.step()) and before the next "
+                              "backward")
+        self._settle()
+
     def _check_agreement(self) -> None:
         """Every rank must run the same engine configuration; name the field that differs."""
         fields: dict[str, Any] = {
@@ -196,8 +234,7 @@ class Synchronizer:
             "chunk elements": self.chunk_elems,
         }
         if self.algorithm is not None:
-            probe = self.codec(Plan(self.topology if self.topology != "none" else "ps",
-                                    self.algorithm, 1, tuple(sorted(self.params.items()))))
+            probe = self._probe()
             fields["algorithm parameters"] = probe.params
             fields["DSL hash"] = f"{algorithm_id(probe.program):08x}"
         if self.size == 1:

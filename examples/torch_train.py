@@ -17,6 +17,14 @@ what a real model hands the engine).
 --bandwidth 1gbit paces this rank's uplink in software (emulation); plain DDP then runs
 its allreduce through the same paced transport so the comparison is fair. torch's own
 hooks cannot be paced: use real shaped links for them (hipress bench train --network shaped).
+
+--checkpoint DIR saves every rank's model, optimizer and HiPress state (error-feedback
+residuals, step, plan) every --checkpoint-every steps, and a job that starts with
+checkpoints in DIR resumes from the newest step every rank has: with torchrun's elastic
+agent, a job whose rank died restarts and continues where it left off.
+
+    hipress run -np 2 --max-restarts 1 examples/torch_train.py --checkpoint ckpt \
+        --fail-at 30        # rank 1 dies at step 30 once; the job resumes and finishes
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,6 +44,7 @@ from _digits import load_digits_split
 from torch import nn
 
 import hipress.torch as hp
+from hipress.distributed import allgather_object
 
 
 class _Block(nn.Module):
@@ -109,6 +120,37 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     return ddp, opt, None
 
 
+def save_checkpoint(folder: Path, rank: int, step: int, model: nn.Module,
+                    opt: torch.optim.Optimizer, hook: Any, keep: int = 2) -> None:
+    """This rank's state after ``step`` steps, written atomically; older ones pruned."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank{rank}-step{step:07d}.pt"
+    tmp = path.with_suffix(".tmp")
+    # A DistributedOptimizer's state_dict() holds HiPress's state; a DDP hook's is apart.
+    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+                "hook": hook.state_dict() if hook is not None else None}, tmp)
+    os.replace(tmp, path)
+    for old in sorted(folder.glob(f"rank{rank}-step*.pt"))[:-keep]:
+        old.unlink()
+
+
+def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
+           hook: Any) -> int:
+    """Load the newest step that every rank saved (a rank may have died between its save
+    and the others'); the step to continue from, 0 without checkpoints."""
+    mine = sorted(int(p.stem.split("step")[1]) for p in folder.glob(f"rank{rank}-step*.pt"))
+    everyone = set.intersection(*(set(steps) for steps in allgather_object(mine)))
+    if not everyone:
+        return 0
+    step = max(everyone)
+    saved = torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=False)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    if hook is not None and saved["hook"] is not None:
+        hook.load_state_dict(saved["hook"])
+    return step
+
+
 def bytes_sent(reporter: object) -> int:
     if reporter is None:
         return 0
@@ -139,6 +181,12 @@ def main() -> None:
                         help="emulate this uplink rate per rank, e.g. 1gbit")
     parser.add_argument("--metrics", type=Path,
                         help="rank 0 writes its measurements here (JSON)")
+    parser.add_argument("--checkpoint", type=Path,
+                        help="save to and resume from this folder (one file per rank)")
+    parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between saves")
+    parser.add_argument("--fail-at", type=int, default=0,
+                        help="the last rank dies after this step, on the first attempt only "
+                             "(to try --max-restarts)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args()
     if args.bandwidth:
@@ -158,6 +206,11 @@ def main() -> None:
     xtr, ytr, xte, yte = load_digits_split()
     model, opt, reporter = wrap(make_model(args.width, args.model), args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
+    hook = reporter if isinstance(reporter, hp.HookState) else None
+    first = resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
+    if first and rank == 0:
+        print(f"resumed from step {first} ({args.checkpoint})", flush=True)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     params = sum(p.numel() for p in model.parameters())
     loss_fn = nn.CrossEntropyLoss()
     steps_per_epoch = len(xtr) // (args.batch * world)
@@ -174,30 +227,33 @@ def main() -> None:
     dist.barrier()
     start = time.perf_counter()
     sent0 = bytes_sent(reporter)
-    step = 0
+    step = first
     with progress:
-        task = progress.add_task("train", total=total, loss=float("nan"))
-        epoch = 0
+        task = progress.add_task("train", total=total, completed=step, loss=float("nan"))
         while step < total:
+            epoch, i = divmod(step, steps_per_epoch)
             order = np.random.default_rng(1000 + epoch).permutation(len(xtr))[rank::world]
-            epoch += 1
-            for i in range(steps_per_epoch):
-                if step >= total:
-                    break
-                idx = order[i * args.batch:(i + 1) * args.batch]
-                xb, yb = torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
-                opt.zero_grad()
-                loss = loss_fn(model(xb), yb)
-                loss.backward()
-                opt.step()
-                step += 1
-                losses.append((time.perf_counter() - start, loss.item()))
-                progress.update(task, advance=1, loss=losses[-1][1])
+            idx = order[i * args.batch:(i + 1) * args.batch]
+            xb, yb = torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
+            opt.zero_grad()
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            step += 1
+            losses.append((time.perf_counter() - start, loss.item()))
+            progress.update(task, advance=1, loss=losses[-1][1])
+            if args.checkpoint and step % args.checkpoint_every == 0:
+                save_checkpoint(args.checkpoint, rank, step, model, opt, hook)
+            if step == args.fail_at and rank == world - 1 and attempt == 0:
+                print(f"rank {rank} fails after step {step} (--fail-at)", flush=True)
+                sys.stdout.flush()
+                os._exit(1)
     dist.barrier()
     elapsed = time.perf_counter() - start
+    run = step - first  # steps this attempt ran
     # Steady throughput leaves out the first steps, which pay one-time costs (DDP's bucket
     # rebuild, kernel loads, CaSync's plans), as Horovod's benchmarks do.
-    warm = min(args.warmup, step - 1) if step > 1 else 0
+    warm = min(args.warmup, run - 1) if run > 1 else 0
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
     model.eval()  # batch norm: the running statistics
     with torch.no_grad():
@@ -210,15 +266,15 @@ def main() -> None:
     identical = all(torch.equal(s, sums[0]) for s in sums)
     result = {"sync": args.sync, "algorithm": args.algorithm, "world": world,
               "model": args.model, "tensors": len(list(model.parameters())),
-              "params": int(params), "steps": step, "seconds": elapsed,
-              "samples_per_s": step * args.batch * world / elapsed,
+              "params": int(params), "steps": step, "resumed_from": first,
+              "seconds": elapsed, "samples_per_s": run * args.batch * world / elapsed,
               "warmup_steps": warm,
-              "steady_samples_per_s": (step - warm) * args.batch * world / steady_s,
-              "bytes_per_step": (bytes_sent(reporter) - sent0) / max(step, 1),
+              "steady_samples_per_s": (run - warm) * args.batch * world / steady_s,
+              "bytes_per_step": (bytes_sent(reporter) - sent0) / max(run, 1),
               "accuracy": accuracy, "final_loss": losses[-1][1] if losses else None,
               "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses}
     if rank == 0:
-        print(f"{label}: {step} steps in {elapsed:.1f} s, "
+        print(f"{label}: {run} steps in {elapsed:.1f} s, "
               f"{result['samples_per_s']:.0f} samples/s ({result['steady_samples_per_s']:.0f} "
               f"after {warm} warm-up steps), accuracy {accuracy:.3f}, "
               f"replicas identical: {identical}")

@@ -95,7 +95,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     return run(args.np, command, args.nnodes, args.node_rank, args.master_addr,
-               args.master_port, args.algorithm, args.bandwidth, args.timeout)
+               args.master_port, args.algorithm, args.bandwidth, args.timeout,
+               args.max_restarts)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -151,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithm", help="default compression algorithm (HIPRESS_ALGORITHM)")
     p.add_argument("--bandwidth", help="software-paced uplink per rank, e.g. 1gbit")
     p.add_argument("--timeout", type=float, help="seconds before a silent peer is an error")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="restart every rank this many times after one fails (torchrun's "
+                        "elastic agent; the script resumes from its checkpoint)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ...",
                    help="a .py script with its arguments, or any command")
     p.set_defaults(func=_cmd_run)

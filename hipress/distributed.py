@@ -22,7 +22,8 @@ from .errors import ConfigError
 from .hosts import free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
-           "gloo_group", "synchronizer", "EngineOptions", "average_arrays", "is_live",
+           "gloo_group", "synchronizer", "EngineOptions", "LazyEngine", "average_arrays",
+           "is_live",
            "broadcast_arrays", "broadcast_object", "allgather_object", "shutdown",
            "destroy_process_group"]
 
@@ -182,6 +183,48 @@ class EngineOptions:
         return synchronizer(self.algorithm, topology=self.topology, planner=planner,
                             error_feedback=self.error_feedback, timeout=self.timeout,
                             **self.params)
+
+
+class LazyEngine:
+    """The engine of one wrapper (a DDP hook's state, a tape, a KVStore), created on first
+    use, when the process group exists; a state loaded before that is applied then.
+
+    Example:
+        >>> engine = LazyEngine(EngineOptions("onebit"))
+        >>> engine.load_state_dict(saved)     # before the first step: kept until then
+        >>> engine.get().submit(name, grad)   # creates it, loads the state
+    """
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        self.engine: Any = None
+        self._pending: tuple[dict[str, Any], bool] | None = None
+
+    def get(self) -> Any:
+        """The live engine (a new one after ``shutdown()``)."""
+        if not is_live(self.engine):
+            self.engine = self.options.engine()
+            if self._pending is not None:
+                state, reset = self._pending
+                self._pending = None
+                self.engine.load_state_dict(state, reset)
+        return self.engine
+
+    def state_dict(self) -> dict[str, Any]:
+        """The engine's state (``casync.Synchronizer.state_dict``); before it ever ran,
+        the state it will start from ({} for a fresh one)."""
+        if is_live(self.engine):
+            return dict(self.engine.state_dict())
+        return dict(self._pending[0]) if self._pending is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state``: now if the engine runs, else when it starts."""
+        if not state:
+            return  # saved before the engine ever ran: nothing to continue
+        if is_live(self.engine):
+            self.engine.load_state_dict(state, reset_residuals)
+        else:
+            self._pending = (dict(state), reset_residuals)
 
 
 def is_live(engine: Any) -> bool:

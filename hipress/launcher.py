@@ -15,7 +15,8 @@ __all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts"]
 
 
 def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
-                     master_addr: str | None = None, master_port: int = 29500) -> list[str]:
+                     master_addr: str | None = None, master_port: int = 29500,
+                     max_restarts: int = 0) -> list[str]:
     """The ``torchrun`` command line that starts ``command`` on ``nproc`` ranks per node.
 
     A command that is not a ``.py`` script (``python x.py``, a console script) runs
@@ -30,7 +31,11 @@ def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_r
     if not command:
         raise ConfigError("nothing to run: give a script or command after the options, e.g. "
                           "hipress run -np 4 examples/torch_train.py")
+    if max_restarts < 0:
+        raise ConfigError("--max-restarts must be at least 0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
+    if max_restarts:
+        cmd += ["--max-restarts", str(max_restarts)]
     if nnodes == 1 and master_addr is None:
         cmd.append("--standalone")
     else:
@@ -57,8 +62,12 @@ def _this_python(command: Sequence[str]) -> list[str]:
 def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         master_addr: str | None = None, master_port: int = 29500,
         algorithm: str | None = None, bandwidth: str | None = None,
-        timeout: float | None = None) -> int:
+        timeout: float | None = None, max_restarts: int = 0) -> int:
     """Run ``command`` under torchrun with HiPress's environment; returns its exit code.
+
+    With ``max_restarts``, torchrun's agent restarts every rank when one fails, up to that
+    many times (the script resumes from its checkpoint: ``examples/torch_train.py
+    --checkpoint DIR``).
 
     Sets ``HIPRESS_ALGORITHM``, ``HIPRESS_BANDWIDTH`` (software-paced uplink per rank)
     and ``HIPRESS_TIMEOUT`` when given, and gives each rank an even share of the
@@ -77,7 +86,13 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
     share = thread_share(nproc)
     env.setdefault("HIPRESS_THREADS", str(share))
     env.setdefault("OMP_NUM_THREADS", str(share))
-    cmd = torchrun_command(nproc, command, nnodes, node_rank, master_addr, master_port)
+    if max_restarts:
+        # torchrun's agent shares one store between all its rendezvous rounds, so a
+        # restarted rank can read the dead attempt's Gloo addresses and fail to connect;
+        # a store per round has none.
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    cmd = torchrun_command(nproc, command, nnodes, node_rank, master_addr, master_port,
+                           max_restarts)
     try:
         return subprocess.run(cmd, env=env).returncode
     except KeyboardInterrupt:

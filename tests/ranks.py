@@ -491,7 +491,56 @@ def _engine_fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     sys.exit(7)
 
 
-SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse, torch_fault)})
+def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Train ``steps`` steps from ``start`` (DDP + hook, or DistributedOptimizer), loading
+    the checkpoint in ``load`` first and saving one to ``save`` at the end: the straight
+    run and the saved-and-resumed one must end with the same bits."""
+    import torch
+    from torch import nn
+
+    import hipress.torch as hp
+
+    hp.init()
+    model = _mlp(1024)  # two layers large enough to be compressed
+    opt: Any = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    algo, mode = args["algo"], args["mode"]
+    state = None
+    net: Any = model
+    topology = args.get("topology", "ps")
+    if mode == "hook":
+        state = hp.HookState(algorithm=algo, topology=topology)
+        net = nn.parallel.DistributedDataParallel(model)
+        net.register_comm_hook(state, hp.comm_hook)
+    else:
+        opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      algorithm=algo, topology=topology)
+    if args.get("load"):
+        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=False)
+        model.load_state_dict(saved["model"])
+        if args.get("reset"):  # the optimizer and model only, as before HiPress had state
+            saved["opt"].pop("hipress", None)
+        opt.load_state_dict(saved["opt"])
+        if state is not None and not args.get("reset"):
+            state.load_state_dict(saved["hook"])
+    x, y = _digits()
+    for step in range(args["start"], args["start"] + args["steps"]):
+        idx = torch.from_numpy(np.random.default_rng([rank, step]).integers(0, len(x), 32))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
+        opt.step()
+    if args.get("save"):
+        folder = Path(args["save"])
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "hook": state.state_dict() if state is not None else None},
+                   folder / f"rank{rank}.pt")
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    np.savez(out / f"rank{rank}.npz", params=flat.numpy())
+    return {}
+
+
+SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse, torch_fault,
+                                          torch_checkpoint)})
 
 
 if __name__ == "__main__":

@@ -310,3 +310,53 @@ def test_shaped_hosts_are_removed_even_after_a_failure():
         assert len(namespaces() - before) == 2
         raise RuntimeError("boom")
     assert namespaces() == before
+
+
+class _Alone:
+    """A transport of one rank (no process group): enough to build an engine."""
+
+    rank, size, group, dist = 0, 1, None, None
+    bytes_sent = messages_sent = collectives = 0
+
+
+def _engine(algo: str = "onebit", **options):
+    from casync import Synchronizer
+
+    return Synchronizer(algo, transport=_Alone(), timeout=5, **options)
+
+
+def test_engine_state_round_trips_and_refuses_what_does_not_fit():
+    sync = _engine()
+    sync._feedback["x"] = ErrorFeedback()
+    sync._feedback["x"].site(("w", 0, 4, "worker"), 4)[:] = [1, 2, 3, 4]
+    sync.step = 7
+    state = sync.state_dict()
+    other = _engine()
+    other.load_state_dict(state)
+    assert other.step == 7
+    assert other._feedback["x"].residual(("w", 0, 4, "worker")).tolist() == [1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="world size"):
+        other.load_state_dict({**state, "world": 4})
+    other.load_state_dict({**state, "world": 4}, reset_residuals=True)  # a documented reset
+    assert other.step == 7 and not other._feedback
+    with pytest.raises(ConfigError, match="'rank'"):
+        other.load_state_dict({**state, "rank": 1})
+    with pytest.raises(ConfigError, match="algorithm"):
+        _engine("terngrad").load_state_dict(state)
+    with pytest.raises(ConfigError, match="algorithm parameters"):
+        _engine("minmax8", bits=4).load_state_dict(_engine("minmax8").state_dict())
+    with pytest.raises(ConfigError, match="chunk elements"):
+        _engine(chunk_elems=1000).load_state_dict(state)
+    with pytest.raises(ConfigError, match="format"):
+        other.load_state_dict({"format": 99})
+    for engine in (sync, other):
+        engine.close()
+
+
+def test_engine_state_is_taken_between_steps():
+    sync = _engine()
+    sync._names.add("w")  # a tensor of the current step is in flight
+    with pytest.raises(ConfigError, match="middle of step"):
+        sync.state_dict()
+    sync._names.clear()
+    sync.close()

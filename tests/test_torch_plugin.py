@@ -234,3 +234,56 @@ def test_survivors_exit_with_their_code_after_a_failure(tmp_path, topology, shut
         assert r["rc"] == 7, r["log"][-3000:]
         assert r["type"] == "SyncError", r
         assert "terminate called" not in r["log"]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("mode,algo,topology", [
+    ("hook", "onebit", "ps"), ("hook", "terngrad", "ps"), ("hook", "onebit", "ring"),
+    ("optimizer", "onebit", "ps"), ("optimizer", "terngrad", "allgather")])
+def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo, topology):
+    """12 steps straight, or 6, a checkpoint (model, optimizer, HiPress), fresh processes,
+    6 more: the same parameters to the bit on every rank. onebit's residuals matter (its
+    tensors are compressed with error feedback); terngrad is stochastic. Under DDP the
+    resumed job's first step runs DDP's initial buckets, the straight one its rebuilt
+    ones: the engine's names, aggregators and runs must not depend on them."""
+    args = {"algo": algo, "mode": mode, "topology": topology}
+    straight = ranks.launch(2, "torch_checkpoint", tmp_path / "straight",
+                            {**args, "start": 0, "steps": 12})
+    first = ranks.launch(2, "torch_checkpoint", tmp_path / "first",
+                         {**args, "start": 0, "steps": 6, "save": str(tmp_path / "ckpt")})
+    second = ranks.launch(2, "torch_checkpoint", tmp_path / "second",
+                          {**args, "start": 6, "steps": 6, "load": str(tmp_path / "ckpt")})
+    for r in straight + first + second:
+        assert r["rc"] == 0, r["log"][-3000:]
+    for rank in range(2):
+        a, b = straight[rank]["arrays"]["params"], second[rank]["arrays"]["params"]
+        assert a.tobytes() == b.tobytes(), f"rank {rank}: max diff {np.abs(a - b).max()}"
+    # and a job that only restarted its engine state would not have matched
+    reset = ranks.launch(2, "torch_checkpoint", tmp_path / "reset",
+                         {**args, "start": 6, "steps": 6, "load": str(tmp_path / "ckpt"),
+                          "reset": True})
+    assert reset[0]["rc"] == 0, reset[0]["log"][-3000:]
+    if algo == "onebit":
+        assert reset[0]["arrays"]["params"].tobytes() != straight[0]["arrays"]["params"] \
+            .tobytes()
+
+
+@pytest.mark.parallel
+def test_a_job_whose_rank_died_restarts_from_its_checkpoint(tmp_path):
+    """``hipress run --max-restarts 1``: rank 1 dies after step 25 of 40; torchrun's agent
+    restarts both ranks, which resume from the step-20 checkpoint and finish."""
+    metrics = tmp_path / "m.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hipress.cli", "run", "-np", "2", "--max-restarts", "1",
+         str(ROOT / "examples" / "torch_train.py"), "--checkpoint", str(tmp_path / "ckpt"),
+         "--fail-at", "25", "--steps", "40", "--width", "256", "--quiet",
+         "--metrics", str(metrics)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 1 fails after step 25" in proc.stdout + proc.stderr
+    assert "resumed from step 20" in proc.stdout
+    result = json.loads(metrics.read_text())
+    assert (result["resumed_from"], result["steps"]) == (20, 40)
+    assert result["replicas_identical"]

@@ -40,7 +40,7 @@ class HiPress(mx.kv.KVStoreBase):
         self.options = core.EngineOptions(algorithm, **options)
         if not core.is_initialized():
             core.init()
-        self._engine: Any = None
+        self._engine = core.LazyEngine(self.options)
         self._order: list[Any] = []      # keys of one step, learned in the first
         self._learning = True
         self._pending: list[tuple[Any, Any, list[mx.nd.NDArray]]] = []
@@ -93,6 +93,18 @@ class HiPress(mx.kv.KVStoreBase):
         if key == self._order[-1]:
             self._run()
 
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state for a checkpoint: the engine's residuals, step and plan, and the
+        order of a step's keys learned in the first step. Each rank saves its own."""
+        return {"engine": self._engine.state_dict(), "order": list(self._order),
+                "learning": self._learning}
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()`` (same rank, same world size)."""
+        self._engine.load_state_dict(state.get("engine", {}), reset_residuals)
+        self._order = list(state.get("order", []))
+        self._learning = bool(state.get("learning", True))
+
     def set_optimizer(self, optimizer: Any) -> None:
         raise NotImplementedError("the HiPress KVStore keeps the optimizer on the workers; "
                                   "create the Trainer with update_on_kvstore=False")
@@ -115,12 +127,11 @@ class HiPress(mx.kv.KVStoreBase):
         """Synchronize the pending keys in one engine step and write the sums out."""
         if not self._pending:
             return
-        if not core.is_live(self._engine):
-            self._engine = self.options.engine()
+        engine = self._engine.get()
         pending, self._pending = self._pending, []
         for key, buf, _ in pending:
-            self._engine.submit(str(key), buf)
-        self._engine.synchronize()
+            engine.submit(str(key), buf)
+        engine.synchronize()
         world = float(core.size())
         for _, buf, targets in pending:
             buf *= world  # the engine averages; a KVStore sums

@@ -31,12 +31,20 @@ class DistributedTrainer(mx.gluon.Trainer):
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None,
                  algorithm: str = "onebit", **options: Any) -> None:
         self._hipress = core.EngineOptions(algorithm, **options)
-        self._engine: Any = None
+        self._engine = core.LazyEngine(self._hipress)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
 
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state (the engine's residuals, step and plan) for a checkpoint, beside
+        ``save_states`` (the optimizer's); each rank saves its own."""
+        return self._engine.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()`` (same rank, same world size)."""
+        self._engine.load_state_dict(state, reset_residuals)
+
     def _allreduce_grads(self) -> None:
-        if not core.is_live(self._engine):
-            self._engine = self._hipress.engine()
+        engine = self._engine.get()
         staged = []
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
@@ -44,7 +52,7 @@ class DistributedTrainer(mx.gluon.Trainer):
             grads = param.list_grad()
             buf, targets = stage(grads, grads)
             staged.append((buf, targets))
-            self._engine.submit(f"{i}:{param.name}", buf)
-        self._engine.synchronize()
+            engine.submit(f"{i}:{param.name}", buf)
+        engine.synchronize()
         for buf, targets in staged:
             write_back(buf, targets)

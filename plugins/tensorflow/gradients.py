@@ -58,14 +58,24 @@ class Averager:
 
     def __init__(self, options: core.EngineOptions) -> None:
         self.options = options
-        self.engine: Any = None
+        self._engine = core.LazyEngine(options)
+
+    @property
+    def engine(self) -> Any:
+        return self._engine.engine
+
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state (residuals, step, plan) for a checkpoint; each rank its own."""
+        return self._engine.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()`` (same rank, same world size)."""
+        self._engine.load_state_dict(state, reset_residuals)
 
     def _average_arrays(self, names: list[str], arrays: list[np.ndarray]) -> list[np.ndarray]:
-        if not core.is_live(self.engine):
-            self.engine = self.options.engine()
         owned = [np.array(a, dtype=np.float32, order="C", copy=True) for a in arrays]
         try:
-            return core.average_arrays(self.engine, list(zip(names, owned, strict=True)))
+            return core.average_arrays(self._engine.get(), list(zip(names, owned, strict=True)))
         except SyncError as exc:
             _RAISED.append(exc)
             raise
@@ -120,6 +130,15 @@ class DistributedGradientTape:
         config = core.EngineOptions(algorithm, **options)
         # Loops build a tape per step: they share one engine (and its residuals).
         self._averager = _AVERAGERS.setdefault(config.key, Averager(config))
+
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state for a checkpoint, shared by every tape of these options (the
+        engine's residuals, step and plan); each rank saves its own."""
+        return self._averager.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()``, now or at the first ``gradient``."""
+        self._averager.load_state_dict(state, reset_residuals)
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  **kwargs: Any) -> Any:

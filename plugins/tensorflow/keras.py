@@ -22,12 +22,24 @@ def _apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
     return super(self.__class__, self).apply(grads, trainable_variables)
 
 
+def _state_dict(self: Any) -> dict[str, Any]:
+    """HiPress's state (the engine's residuals, step and plan) for a checkpoint, beside
+    the optimizer's own variables; each rank saves its own."""
+    return self._hipress_averager.state_dict()
+
+
+def _load_state_dict(self: Any, state: dict[str, Any], reset_residuals: bool = False) -> None:
+    """Continue from ``state_dict()`` (same rank, same world size)."""
+    self._hipress_averager.load_state_dict(state, reset_residuals)
+
+
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - Horovod's name
                          algorithm: str = "onebit", **options: Any) -> Any:
     """Wrap a Keras optimizer so every ``apply`` first averages the gradients over ranks.
 
     Returns an optimizer of a subclass of ``type(optimizer)`` with the same
-    configuration, for ``model.compile(optimizer=...)``. Compile with
+    configuration, for ``model.compile(optimizer=...)``, with ``state_dict()`` and
+    ``load_state_dict()`` for HiPress's state in checkpoints. Compile with
     ``jit_compile=False``: XLA cannot compile the step that leaves TensorFlow.
 
     Args:
@@ -41,7 +53,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - 
         ...               jit_compile=False)
     """
     averager = Averager(core.EngineOptions(algorithm, **options))
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {"apply": _apply})
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               {"apply": _apply, "state_dict": _state_dict, "load_state_dict": _load_state_dict})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._hipress_averager = averager
     return wrapped

@@ -45,7 +45,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     Example:
         >>> hp.broadcast_optimizer_state(opt, root_rank=0)
     """
-    state = core.broadcast_object(optimizer.state_dict() if core.rank() == root_rank
-                                  else None, root_rank)
+    # The optimizer's own state only: a DistributedOptimizer's HiPress state is per rank.
+    mine = torch.optim.Optimizer.state_dict(optimizer) if core.rank() == root_rank else None
+    state = core.broadcast_object(mine, root_rank)
     if core.rank() != root_rank:
-        optimizer.load_state_dict(state)
+        torch.optim.Optimizer.load_state_dict(optimizer, state)

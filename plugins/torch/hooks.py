@@ -42,15 +42,35 @@ class HookState:
         self.plan = plan
         self.topology = topology
         # internal state, created on the first bucket (the process group exists by then)
+        self._engine = core.LazyEngine(self.options)
         self.sync: Any = None
         self._step_futures: list[torch.futures.Future[Any]] | None = None
+        #: a parameter (by identity) -> its name in the engine, in the order DDP first
+        #: handed them over: the same in every run, whatever its buckets are later
+        self._param_names: dict[int, str] = {}
         # statistics
         self.steps = 0
 
     def synchronizer(self) -> Any:
-        if self.sync is None:
-            self.sync = self.options.engine()
+        if self.sync is None or not core.is_live(self.sync):
+            self.sync = self._engine.get()
         return self.sync
+
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state for a checkpoint: the engine's residuals, step and plan, and
+        this state's statistics. Each rank saves its own.
+
+        Example:
+            >>> torch.save({"model": ddp.state_dict(), "opt": opt.state_dict(),
+            ...             "hipress": hook_state.state_dict()}, f"ckpt-rank{rank}.pt")
+        """
+        return {"steps": self.steps, "engine": self._engine.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()`` (of the same rank and world size; see
+        ``casync.Synchronizer.load_state_dict``), now or when the first bucket comes."""
+        self.steps = int(state.get("steps", 0))
+        self._engine.load_state_dict(state.get("engine", {}), reset_residuals)
 
     @property
     def bytes_sent(self) -> int:
@@ -58,9 +78,10 @@ class HookState:
         return 0 if self.sync is None else int(self.sync.transport.bytes_sent)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Engines, process groups and futures do not travel in pickles.
-        return {k: v for k, v in self.__dict__.items() if k not in ("sync", "_step_futures")} \
-            | {"sync": None, "_step_futures": None}
+        # Engines, process groups, futures and object ids do not travel in pickles.
+        dropped = {"sync": None, "_step_futures": None, "_param_names": {},
+                   "_engine": core.LazyEngine(self.options)}
+        return {k: v for k, v in self.__dict__.items() if k not in dropped} | dropped
 
     def _watch(self, futures: list[torch.futures.Future[Any]]) -> None:
         """Make this backward pass raise the engine's ``SyncError`` as a ``SyncError``.
@@ -104,7 +125,11 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         parts = [sync.submit(f"bucket{bucket.index()}", buffer)]
         future = parts[0]
     else:
-        parts = [sync.submit(f"bucket{bucket.index()}.{i}", g) for i, g in enumerate(grads)]
+        names = state._param_names
+        for p in bucket.parameters():
+            names.setdefault(id(p), f"param{len(names)}")
+        parts = [sync.submit(names[id(p)], g)
+                 for p, g in zip(bucket.parameters(), grads, strict=True)]
 
         def whole(done: torch.futures.Future[list[torch.futures.Future[Any]]]) -> torch.Tensor:
             for part in done.value():

@@ -70,6 +70,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self.synchronize()
         return super(self.__class__, self).step(closure)  # type: ignore[misc]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state, with HiPress's (residuals, step, plan) under
+        ``"hipress"``: ``torch.save(opt.state_dict())`` keeps both. Each rank saves its own."""
+        state = super(self.__class__, self).state_dict()  # type: ignore[misc]
+        state["hipress"] = self._sync.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Load both parts of ``state_dict()``; HiPress's must come from the same rank of a
+        job of the same size (see ``casync.Synchronizer.load_state_dict``)."""
+        state = dict(state_dict)
+        hipress_state = state.pop("hipress", None)
+        super(self.__class__, self).load_state_dict(state)  # type: ignore[misc]
+        if hipress_state:
+            self._sync.load_state_dict(hipress_state, reset_residuals)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._submitted:
             raise ConfigError(

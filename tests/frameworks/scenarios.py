@@ -126,6 +126,63 @@ def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
             "digest": digest([v.numpy() for v in model.trainable_variables])}
 
 
+def _batch(rank: int, step: int, n: int) -> np.ndarray:
+    return np.random.default_rng([rank, step]).integers(0, n, BATCH)
+
+
+def tf_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Train ``steps`` steps from ``start`` with a DistributedGradientTape (``tape``) or
+    Keras's fit with DistributedOptimizer (``keras``), loading the checkpoint in ``load``
+    first and saving one to ``save`` at the end (weights and HiPress's state)."""
+    import pickle
+
+    import keras
+    import tensorflow as tf
+
+    import hipress.tensorflow as hp
+
+    hp.init()
+    xtr, ytr, _, _ = load_digits_split()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(1024, activation="relu"),
+                              keras.layers.Dense(10)])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    algo, mode = args["algo"], args["mode"]
+    opt = keras.optimizers.SGD(0.05)
+    holder: Any
+    if mode == "keras":
+        opt = hp.DistributedOptimizer(opt, algorithm=algo)
+        model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
+        holder = opt
+    else:
+        holder = hp.DistributedGradientTape(tf.GradientTape(), algorithm=algo)
+    if args.get("load"):
+        saved = pickle.loads((Path(args["load"]) / f"rank{rank}.pkl").read_bytes())
+        model.set_weights(saved["weights"])
+        holder.load_state_dict(saved["hipress"])
+    steps = range(args["start"], args["start"] + args["steps"])
+    if mode == "keras":
+        sel = np.concatenate([_batch(rank, s, len(xtr)) for s in steps])
+        model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    else:
+        for step in steps:
+            sel = _batch(rank, step, len(xtr))
+            with tf.GradientTape() as tape:
+                loss = loss_fn(ytr[sel], model(xtr[sel], training=True))
+            grads = hp.DistributedGradientTape(tape, algorithm=algo).gradient(
+                loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    if args.get("save"):
+        folder = Path(args["save"])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{rank}.pkl").write_bytes(pickle.dumps(
+            {"weights": model.get_weights(), "hipress": holder.state_dict()}))
+    np.savez(out / f"rank{rank}.npz",
+             params=np.concatenate([w.reshape(-1) for w in model.get_weights()]))
+    return {}
+
+
 # ------------------------------------------------------------------------------ MXNet
 
 
@@ -189,5 +246,59 @@ def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             "digest": digest([p.data().asnumpy() for p in params.values()])}
 
 
+def mx_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """``tf_checkpoint`` for MXNet: a Gluon Trainer with hp.KVStore (``kvstore``) or
+    hp.DistributedTrainer (``trainer``)."""
+    import pickle
+
+    import mxnet as mx
+    from mxnet import autograd, gluon
+
+    import hipress.mxnet as hp
+
+    hp.init()
+    world = hp.size()
+    xtr, ytr, _, _ = load_digits_split()
+    mx.random.seed(0)
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(1024, activation="relu", in_units=64),
+            gluon.nn.Dense(1024, activation="relu", in_units=1024),
+            gluon.nn.Dense(10, in_units=1024))
+    net.initialize(mx.init.Xavier())
+    params = net.collect_params()
+    algo = args["algo"]
+    holder: Any
+    if args["mode"] == "kvstore":
+        holder = hp.KVStore(algorithm=algo)
+        trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.05}, kvstore=holder)
+        scale = BATCH * world
+    else:
+        trainer = holder = hp.DistributedTrainer(params, "sgd", {"learning_rate": 0.05},
+                                                 algorithm=algo)
+        scale = BATCH
+    if args.get("load"):
+        saved = pickle.loads((Path(args["load"]) / f"rank{rank}.pkl").read_bytes())
+        for p, value in zip(params.values(), saved["weights"], strict=True):
+            p.set_data(mx.nd.array(value))
+        holder.load_state_dict(saved["hipress"])
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for step in range(args["start"], args["start"] + args["steps"]):
+        sel = _batch(rank, step, len(xtr))
+        x, y = mx.nd.array(xtr[sel]), mx.nd.array(ytr[sel])
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(scale)
+    weights = [p.data().asnumpy() for p in params.values()]
+    if args.get("save"):
+        folder = Path(args["save"])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"rank{rank}.pkl").write_bytes(pickle.dumps(
+            {"weights": weights, "hipress": holder.state_dict()}))
+    np.savez(out / f"rank{rank}.npz", params=np.concatenate([w.reshape(-1) for w in weights]))
+    return {}
+
+
 if __name__ == "__main__":
-    main({"tf_train": tf_train, "mx_train": mx_train})
+    main({"tf_train": tf_train, "mx_train": mx_train, "tf_checkpoint": tf_checkpoint,
+          "mx_checkpoint": mx_checkpoint})
