@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import hipress
-from hipress.codec import TARGETS
+from compll import TARGETS
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -337,10 +337,11 @@ def worker(args: argparse.Namespace) -> int:
     say(f"allreduce: {rows[-1]['seconds']:.3f} s")
     cost = None
     if args.validate or "auto" in args.topologies:
+        from casync import Synchronizer
         from casync.profiler import measure
         from casync.transport import Transport
 
-        cost = measure(Transport(), tuple(args.algorithms))
+        cost = measure(Transport(), tuple(args.algorithms), engine=Synchronizer)
         result["cost_model"] = cost.to_json()
         say("profiled the primitives on these ranks")
     for algo in args.algorithms:

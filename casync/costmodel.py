@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
+from compll import codec as make_codec
+from hipress_errors import ConfigError
 
 __all__ = ["Linear", "CostModel", "payload_bytes"]
 
@@ -276,9 +277,7 @@ def payload_bytes(algo: str, sizes: tuple[int, ...] = (16384, 262144, 1 << 20),
                   **params: Any) -> Linear:
     """Payload bytes per element count of ``algo``, fitted from real encodes (the
     reference codec, so no build is needed)."""
-    import hipress
-
-    codec = hipress.codec(algo, target="ref", **params)
+    codec = make_codec(algo, target="ref", **params)
     rng = np.random.default_rng(0)
     counts = [codec.encode(rng.standard_normal(n).astype(np.float32)).nbytes for n in sizes]
     fit = Linear.fit(sizes, counts)

@@ -7,7 +7,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from hipress.codec import Codec
+from compll import Codec
 
 __all__ = ["ErrorFeedback"]
 

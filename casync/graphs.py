@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compll.loaders import DECODE_ITEM, ENCODE_ITEM, FEEDBACK
-from hipress.codec import Codec
-from hipress.errors import PayloadError
+from compll import Codec
+from compll.constants import FEEDBACK
+from compll.loaders import DECODE_ITEM, ENCODE_ITEM
+from hipress_errors import PayloadError
 
 from . import primitives as P
 from .chunks import Chunk, Segment

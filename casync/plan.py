@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from hipress.codec import MAX_ELEMENTS
-from hipress.errors import ConfigError
+from compll import MAX_ELEMENTS
+from hipress_errors import ConfigError
 
-__all__ = ["TOPOLOGIES", "MIN_COMPRESS", "Plan", "Planner", "StaticPlanner"]
+__all__ = ["TOPOLOGIES", "MIN_COMPRESS", "Plan", "Planner", "Greedy", "StaticPlanner"]
 
 #: Synchronization strategies the engine can execute. ``none`` is a plain allreduce.
 TOPOLOGIES = ("ps", "ring", "allgather", "none")
@@ -62,6 +62,19 @@ class Planner(Protocol):
     """Anything that maps a tensor to a plan; the same on every rank for the same input."""
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
+
+
+@runtime_checkable
+class Greedy(Protocol):
+    """A planner that chooses each tensor's plan on the lanes of a simulated iteration,
+    and may follow a whole-model plan it fitted (``casync.planner.CostPlanner``)."""
+
+    lanes: Any
+    fitted: Planner | None
+
+    def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
+
+    def choose(self, name: str, numel: int, world: int, ready: float = 0.0) -> Any: ...
 
 
 class StaticPlanner:

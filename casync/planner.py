@@ -28,6 +28,7 @@ from typing import Any
 from .chunks import CHUNK_ELEMS
 from .costmodel import CostModel
 from .plan import Plan, Planner, StaticPlanner
+from .simulate import simulate
 from .timeline import Lanes, predict
 
 __all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN"]
@@ -138,8 +139,6 @@ class CostPlanner:
         Returns:
             The planner now followed.
         """
-        from .simulate import simulate
-
         mixed = len(self.topologies) > 1
         candidates: dict[str, Planner] = {}
         for topos in ([self.topologies] if mixed else []) + [(t,) for t in self.topologies]:

@@ -11,8 +11,8 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from compll import Codec
 from compll.payload import framed_size
-from hipress.codec import Codec
 
 from .feedback import ErrorFeedback
 from .transport import Handle, Transport

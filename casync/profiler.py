@@ -21,11 +21,16 @@ from typing import Any
 
 import numpy as np
 
-import hipress
+from compll import codec as make_codec
+from compll.build import cache_dir
+from hipress_version import __version__
 
 from . import primitives as P
-from .costmodel import CostModel, Linear
+from .baselines import naive_step
+from .costmodel import CostModel, Linear, payload_bytes
 from .feedback import ErrorFeedback
+from .plan import StaticPlanner
+from .simulate import Gradient, simulate
 from .transport import Transport
 
 __all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
@@ -136,9 +141,7 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
                  error_feedback: bool | None) -> dict[str, Linear]:
     """Encode (with residuals where the engine keeps them), decode (into a buffer,
     scaled, as a rank's final values are), decode-and-merge, bytes."""
-    from .costmodel import payload_bytes
-
-    codec = hipress.codec(algo, target=target)
+    codec = make_codec(algo, target=target)
     on = (not codec.unbiased) if error_feedback is None else error_feedback
     feedback = ErrorFeedback() if on else None
     out = np.empty(codec.max_payload_bytes(max(elements)), np.uint8)
@@ -160,15 +163,13 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
 
 
-def _engine_steps(transport: Transport, planner: Any, algorithm: str, chunk_elems: int,
-                  count: int, size: int, reps: int) -> float:
-    """The median time of Synchronizer steps of ``count`` tensors of ``size`` floats."""
+def _engine_steps(transport: Transport, engine: type, planner: Any, algorithm: str,
+                  chunk_elems: int, count: int, size: int, reps: int) -> float:
+    """The median time of ``engine`` steps of ``count`` tensors of ``size`` floats."""
     import torch
 
-    from .synchronizer import Synchronizer
-
-    sync = Synchronizer(algorithm, planner=planner, group=transport.group,
-                        transport=transport, timeout=600, chunk_elems=chunk_elems)
+    sync = engine(algorithm, planner=planner, group=transport.group, transport=transport,
+                  timeout=600, chunk_elems=chunk_elems)
     rng = np.random.default_rng(transport.rank)
     tensors = [torch.from_numpy((rng.standard_normal(size) * 1e-3).astype(np.float32))
                for _ in range(count)]
@@ -191,8 +192,8 @@ def _engine_steps(transport: Transport, planner: Any, algorithm: str, chunk_elem
     return statistics.median(times)
 
 
-def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
-                     reps: int) -> tuple[Linear, Linear]:
+def _engine_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
+                     topology: str, reps: int) -> tuple[Linear, Linear]:
     """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``'s
     a) and per segment (``tensor/TOPOLOGY``).
 
@@ -205,7 +206,7 @@ def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology
 
     def slope(shapes: list[tuple[int, int, int]]) -> float:
         measured = _max_over_ranks(transport, [
-            _engine_steps(transport, planner, algorithm, ce, n, size, reps)
+            _engine_steps(transport, engine, planner, algorithm, ce, n, size, reps)
             for n, size, ce in shapes])
         predicted = [_predict_steps(model, transport.size, planner, n, size, ce)
                      for n, size, ce in shapes]
@@ -221,8 +222,8 @@ def _engine_overhead(transport: Transport, model: CostModel, algo: str, topology
 _BULK = (8, 1 << 22)
 
 
-def _bulk_overhead(transport: Transport, model: CostModel, algo: str, topology: str,
-                   reps: int) -> Linear:
+def _bulk_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
+                   topology: str, reps: int) -> Linear:
     """What the engine adds per element of a large step beyond its primitives
     (``bulk/ALGO/TOPOLOGY``): the threads that share the cores with the kernels, and the
     waits between ranks. Steps of eight 4M-float tensors in two chunks, measured against
@@ -230,23 +231,20 @@ def _bulk_overhead(transport: Transport, model: CostModel, algo: str, topology: 
     algorithm = "none" if topology == "none" else algo
     planner = _flat_planner(algorithm, topology)
     count, size = _BULK
-    measured = _max_over_ranks(transport, [_engine_steps(transport, planner, algorithm,
-                                                         4 * size, count, size, reps)])[0]
+    measured = _max_over_ranks(transport, [_engine_steps(transport, engine, planner,
+                                                         algorithm, 4 * size, count, size,
+                                                         reps)])[0]
     predicted = _predict_steps(model, transport.size, planner, count, size, 4 * size)
     return Linear(0.0, max(measured - predicted, 0.0) / (count * size))
 
 
 def _flat_planner(algorithm: str, topology: str) -> Any:
-    from .plan import StaticPlanner
-
     return StaticPlanner(algorithm, topology if topology != "none" else "ps", min_compress=0,
                          partition_bytes=1 << 40)
 
 
 def _predict_steps(model: CostModel, world: int, planner: Any, count: int, size: int,
                    chunk_elems: int) -> float:
-    from .simulate import Gradient, simulate
-
     return simulate(model, world, [Gradient(f"g{i}", size) for i in range(count)], "casync",
                     planner=planner, chunk_elems=chunk_elems).end
 
@@ -257,10 +255,7 @@ def _naive_overhead(transport: Transport, model: CostModel, algo: str, reps: int
     tensors timed for two T, the slope beyond what the model predicts for them."""
     import torch
 
-    from .baselines import naive_step
-    from .simulate import Gradient, simulate
-
-    codec = hipress.codec(algo)
+    codec = make_codec(algo)
     counts, size = (16, 64), 256
     measured = []
     for count in counts:
@@ -372,7 +367,8 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
 
 
 def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
-            elements: tuple[int, ...] = ELEMENTS, message_bytes: tuple[int, ...] = BYTES,
+            engine: type, elements: tuple[int, ...] = ELEMENTS,
+            message_bytes: tuple[int, ...] = BYTES,
             reps: int = 5, target: str = "auto", error_feedback: bool | None = None,
             say: Callable[[str], Any] = lambda _: None) -> CostModel:
     """Profile the primitives on ``transport``'s group (a collective: call on every rank).
@@ -380,6 +376,8 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     Args:
         transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
         algorithms: codecs to time encode and decode for.
+        engine: the engine whose own costs are measured (``casync.Synchronizer``; it is
+            passed in because the engine itself asks for a profile with ``cached``).
         elements, message_bytes: the size sweeps.
         reps: timed repetitions per size, at least (their mean is kept).
         target: codec target, as for ``hipress.codec``.
@@ -391,7 +389,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         The fitted ``CostModel``, identical on every rank.
 
     Example:
-        >>> cost = measure(Transport(), ("onebit", "dgc"))
+        >>> cost = measure(Transport(), ("onebit", "dgc"), engine=Synchronizer)
         >>> cost.encode("onebit", 1 << 20)
     """
     rng = np.random.default_rng(transport.rank)
@@ -447,38 +445,37 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
             say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
         for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
             costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
-                transport, model, algorithms[0] if algorithms else "none", topo, reps)
+                transport, engine, model, algorithms[0] if algorithms else "none", topo, reps)
             say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
                 f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
         model = CostModel(transport.size, dict(costs), 1, {}, overlap)
         for algo in algorithms:
             for topo in ("ps", "ring", "allgather"):
                 key = f"bulk/{algo}/{topo}"
-                costs[key] = _bulk_overhead(transport, model, algo, topo, reps)
+                costs[key] = _bulk_overhead(transport, engine, model, algo, topo, reps)
                 say(f"engine overhead of {algo} {topo} per element: "
                     f"{costs[key].b * 1e9:.2f} ns")
         if algorithms:
-            costs["bulk/none"] = _bulk_overhead(transport, model, algorithms[0], "none", reps)
+            costs["bulk/none"] = _bulk_overhead(transport, engine, model, algorithms[0], "none",
+                                                reps)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
-            "hipress": hipress.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "hipress": __version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "elements": list(elements), "message_bytes": list(message_bytes), "reps": reps}
     return CostModel(transport.size, costs, 1, meta,
                      overlap if transport.size > 1 else 1.0)
 
 
 def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:
-    from compll.build import cache_dir
-
     key = json.dumps([PROFILE_FORMAT, platform.node(), transport.size, sorted(algorithms), target,
-                      hipress.__version__, os.environ.get("HIPRESS_BANDWIDTH"),
+                      __version__, os.environ.get("HIPRESS_BANDWIDTH"),
                       os.environ.get("HIPRESS_THREADS")])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "auto",
-           say: Callable[[str], Any] = lambda _: None) -> CostModel:
+def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "auto", *,
+           engine: type, say: Callable[[str], Any] = lambda _: None) -> CostModel:
     """Rank 0's cached profile for this host, world and settings, measured (on every
     rank) when rank 0 has none; every rank returns the same model."""
     path = _cache_path(transport, algorithms, target)
@@ -489,7 +486,7 @@ def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "aut
     if text[0] is not None:
         return CostModel.from_json(json.loads(text[0]))
     say("profiling the primitives once for plan='auto' (cached afterwards)")
-    cost = measure(transport, algorithms, target=target, say=say)
+    cost = measure(transport, algorithms, engine=engine, target=target, say=say)
     if transport.rank == 0:
         cost.save(path)
     return cost

@@ -22,8 +22,7 @@ from typing import Any
 
 from .chunks import CHUNK_ELEMS, Chunk, Chunker
 from .costmodel import CostModel
-from .plan import Plan, Planner
-from .planner import CostPlanner
+from .plan import Greedy, Plan, Planner
 from .timeline import Lanes, Stage, on_host, predict
 
 __all__ = ["Gradient", "Unit", "Result", "simulate", "ready_times", "DDP_BUCKET"]
@@ -106,10 +105,10 @@ def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Pla
     """The engine's grouping: tensors planned one by one in arrival order, cut into
     segments and coalesced into chunks (``casync.chunks.Chunker``); each chunk is
     scheduled when it closes, as one chain."""
-    if isinstance(planner, CostPlanner) and planner.fitted is not None:
+    if isinstance(planner, Greedy) and planner.fitted is not None:
         planner = planner.fitted  # a whole-model plan: follow it
     lanes = Lanes()
-    if isinstance(planner, CostPlanner):
+    if isinstance(planner, Greedy):
         planner.lanes = Lanes()  # its per-tensor choices, from an empty iteration
     result = Result("casync", 0.0)
     chunker = Chunker(world, chunk_elems, coalesce)
@@ -122,7 +121,7 @@ def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Pla
                                      len({id(s.entry) for s in chunk.segments})))
 
     for g in grads:
-        if isinstance(planner, CostPlanner):
+        if isinstance(planner, Greedy):
             plan = planner.choose(g.name, g.numel, world, g.ready).plan
         else:
             plan = planner.plan(g.name, g.numel, world)

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-import hipress
+from compll import Codec, codec
 from compll.payload import VERSION, algorithm_id
-from hipress.codec import Codec
-from hipress.errors import ConfigError, SyncError
+from hipress_errors import ConfigError, SyncError
+from hipress_version import __version__
 
 from .chunks import CHUNK_ELEMS, Chunk, Chunker, Entry
 from .executor import Executor, Graph
@@ -20,6 +20,9 @@ from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context, slots
 from .health import Health
 from .plan import Plan, Planner, StaticPlanner
+from .planner import CostPlanner
+from .profiler import cached
+from .simulate import Gradient
 from .state import load_state_dict as load_engine_state
 from .state import state_dict as engine_state
 from .transport import Transport, tag_space
@@ -139,10 +142,7 @@ class Synchronizer:
         self.transport = transport if transport is not None else Transport(group)
         self.rank, self.size = self.transport.rank, self.transport.size
         if auto:
-            from .planner import CostPlanner
-            from .profiler import cached
-
-            cost = cached(self.transport, (algorithm,), target)
+            cost = cached(self.transport, (algorithm,), target, engine=type(self))
             self.planner = CostPlanner(cost, (algorithm,))
         self.step = 0
         self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
@@ -175,8 +175,8 @@ class Synchronizer:
         assert plan.algorithm is not None
         key = (plan.algorithm, plan.params)
         if key not in self._codecs:
-            self._codecs[key] = hipress.codec(plan.algorithm, target=self.target,
-                                              seed=self.seed, **dict(plan.params))
+            self._codecs[key] = codec(plan.algorithm, target=self.target, seed=self.seed,
+                                      **dict(plan.params))
         return self._codecs[key]
 
     def feedback(self, codec: Codec) -> ErrorFeedback | None:
@@ -224,7 +224,7 @@ class Synchronizer:
     def _check_agreement(self) -> None:
         """Every rank must run the same engine configuration; name the field that differs."""
         fields: dict[str, Any] = {
-            "hipress version": hipress.__version__,
+            "hipress version": __version__,
             "payload format version": VERSION,
             "algorithm": self.algorithm,
             "topology": self.topology,
@@ -333,8 +333,6 @@ class Synchronizer:
         if self._fit is None or not seen or seen == self._fitted \
                 or self._fits >= self._MAX_FITS:
             return
-        from .simulate import Gradient
-
         self._fit([Gradient(name, numel) for name, numel in seen], self.size,
                   chunk_elems=self.chunk_elems)
         self._fitted = seen

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ir
+from .constants import header_text
 from .diagnostics import BuildError
 from .render import render
 
@@ -105,21 +106,22 @@ def _host_signature() -> str:
 def _runtime_text(target: str) -> str:
     runtime = "cpu_runtime.h" if target == "cpu" else "cuda_runtime.cuh"
     names = ["common.h", "host.h", runtime]
-    return "".join((_TEMPLATES / n).read_text() for n in names)
+    return header_text() + "".join((_TEMPLATES / n).read_text() for n in names)
 
 
 def _steps(target: str, compiler: str, source: Path,
            library: Path) -> list[list[list[str]]]:
     """The compiler runs for one build: steps run in order, the commands of a step at once."""
-    include = f"-I{_TEMPLATES}"
+    # hp_constants.h is rendered next to the source, so the folder goes on the path too
+    include = [f"-I{source.parent}", f"-I{_TEMPLATES}"]
     if target == "cpu":
         objects = [library.with_suffix(f".{k}.o") for k in range(len(CPU_PARTS))]
-        compile_step = [[compiler, *CPU_FLAGS, part, include, "-c", str(source), "-o", str(obj)]
+        compile_step = [[compiler, *CPU_FLAGS, part, *include, "-c", str(source), "-o", str(obj)]
                         for part, obj in zip(CPU_PARTS, objects, strict=True)]
         link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
         return [compile_step, [link]]
     arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
-    return [[[compiler, *CUDA_FLAGS, *arch, include, str(source), "-o", str(library)]]]
+    return [[[compiler, *CUDA_FLAGS, *arch, *include, str(source), "-o", str(library)]]]
 
 
 def _run_all(cmds: list[list[str]]) -> tuple[list[str], str] | None:
@@ -196,6 +198,7 @@ def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
     tmp_src = folder / f".{name}.{os.getpid()}{_suffix(target)}"
     tmp_lib = folder / f".{name}.{os.getpid()}.so"
     tmp_src.write_text(source)
+    (folder / "hp_constants.h").write_text(header_text())
     try:
         for step in _steps(target, compiler, tmp_src, tmp_lib):
             failed = _run_all(step)

@@ -14,27 +14,18 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
+from hipress_errors import ConfigError
 
 from . import ir
+from .builtins import BUILTINS, Builtin, Kind, RuleError, of_kind
 from .diagnostics import DslTypeError, LayoutError, SourceMap
+from .interpreter import eval_constant
 from .ir import FLOATS, INTS, PACKED_BITS, SCALARS, Length, Pos, Type
 from .typing_rules import arith_elem, is_int, is_numeric, promote_one
 
-__all__ = ["check", "BUILTINS", "ELEMENTWISE", "CASTS"]
+__all__ = ["check"]
 
-CASTS = frozenset(SCALARS)
-#: Scalar functions that also apply elementwise to arrays.
-ELEMENTWISE = frozenset(
-    {"abs", "sign", "floor", "ceil", "round", "sqrt", "min", "max", "exponent", "mantissa",
-     "pow2", "isnan", "isfinite"}
-)
-#: Operators on arrays and payloads.
-ARRAY_OPS = frozenset(
-    {"size", "iota", "map", "reduce", "filter", "sort", "topk", "random", "randint",
-     "concat", "extract", "scatter", "gather", "pack", "unpack"}
-)
-BUILTINS = CASTS | ELEMENTWISE | ARRAY_OPS
+_SCALAR_FNS = of_kind(Kind.ELEMENTWISE, Kind.CAST)
 _REDUCE_OPS = ("sum", "max", "min")
 _COMPARE = ("<", "<=", ">", ">=", "==", "!=")
 _BITWISE = ("&", "|", "^")
@@ -230,7 +221,7 @@ class _Checker:
 
     def lambda_body(self, lam: ir.Expr, params: tuple[Type, ...], what: str) -> ir.Lambda:
         """Check a lambda (or a builtin name such as ``abs``) applied per element."""
-        if isinstance(lam, ir.Var) and lam.name in ELEMENTWISE | CASTS and len(params) == 1:
+        if isinstance(lam, ir.Var) and lam.name in _SCALAR_FNS and len(params) == 1:
             lam = ir.Lambda(("_x",), ir.Call(lam.name, (ir.Var("_x", lam.pos),), (), lam.pos),
                             lam.pos)
         if not isinstance(lam, ir.Lambda):
@@ -259,25 +250,28 @@ class _Checker:
         return dataclasses.replace(lam, body=body, ty=ty, param_types=params)
 
     def expr_call(self, e: ir.Call) -> ir.Expr:
-        if e.fn not in BUILTINS:
+        spec = BUILTINS.get(e.fn)
+        if spec is None:
             near = sorted(b for b in BUILTINS if b[:2] == e.fn[:2])
             hint = f"; did you mean {', '.join(near)}?" if near else ""
             raise self.err(f"unknown function {e.fn!r}{hint}", e.pos)
-        if e.fn in CASTS:
+        if e.fn == "map" and len(e.args) < 2:
+            raise self.err("map takes one or more arrays and then a lambda", e.pos)
+        self.arity(e, spec)
+        if spec.kind is Kind.CAST:
             return self.call_cast(e)
-        if e.fn in ELEMENTWISE:
-            return self.call_elementwise(e)
+        if spec.kind is Kind.ELEMENTWISE:
+            return self.call_elementwise(e, spec)
         method: Callable[[ir.Call], ir.Expr] = getattr(self, "call_" + e.fn)
         return method(e)
 
-    def arity(self, e: ir.Call, n: int | tuple[int, int], kwargs: tuple[str, ...] = ()) -> None:
-        lo, hi = (n, n) if isinstance(n, int) else n
-        if not lo <= len(e.args) <= hi:
-            want = str(lo) if lo == hi else f"{lo} to {hi}"
+    def arity(self, e: ir.Call, spec: Builtin) -> None:
+        if not spec.lo <= len(e.args) <= spec.hi:
+            want = str(spec.lo) if spec.lo == spec.hi else f"{spec.lo} to {spec.hi}"
             raise self.err(f"{e.fn} takes {want} argument(s), got {len(e.args)}", e.pos)
         for key, value in e.kwargs:
-            if key not in kwargs:
-                allowed = ", ".join(kwargs) if kwargs else "none"
+            if key not in spec.kwargs:
+                allowed = ", ".join(spec.kwargs) if spec.kwargs else "none"
                 raise self.err(
                     f"{e.fn} has no keyword argument {key!r} (allowed: {allowed})", value.pos
                 )
@@ -286,35 +280,21 @@ class _Checker:
         return tuple(self.expr(a) for a in e.args)
 
     def call_cast(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1)
         (x,) = self.typed_args(e)
         ty = self.value_type(x, e.fn)
         return dataclasses.replace(e, args=(x,), ty=self.broadcast([ty], e.fn, e.pos))
 
-    def call_elementwise(self, e: ir.Call) -> ir.Expr:
-        nargs = 2 if e.fn in ("min", "max") else 1
-        self.arity(e, nargs)
+    def call_elementwise(self, e: ir.Call, spec: Builtin) -> ir.Expr:
         args = self.typed_args(e)
         types = [self.value_type(a, e.fn) for a in args]
         if any(t.elem == "bool" for t in types):
             raise self.err(f"{e.fn} needs numbers, not bool", e.pos)
-        if e.fn in ("min", "max"):
-            operand = arith_elem(types[0], types[1])
-            elem = operand
-        elif e.fn in ("floor", "ceil", "round", "sqrt"):
-            operand = elem = "f32"
-        elif e.fn in ("isnan", "isfinite"):
-            operand, elem = "f32", "bool"
-        elif e.fn == "exponent":
-            operand, elem = "f32", "i32"
-        elif e.fn == "mantissa":
-            operand, elem = "f32", "u32"
-        elif e.fn == "pow2":
-            if not is_int(types[0].elem):
-                raise self.err("pow2 takes an integer exponent", e.pos)
-            operand, elem = "i32", "f32"
-        else:  # abs, sign
-            operand = elem = promote_one(types[0].elem)
+        assert spec.operand is not None
+        try:
+            operand = spec.operand(types)
+        except RuleError as exc:
+            raise self.err(str(exc), e.pos) from None
+        elem = spec.result_of(operand)
         literal = all(t.literal for t in types) and elem != "bool"
         ty = self.broadcast(types, elem, e.pos, literal)
         return dataclasses.replace(e, args=args, ty=ty, operand_ty=Type.scalar(operand))
@@ -344,8 +324,6 @@ class _Checker:
 
     def const_value(self, x: ir.Expr) -> Any:
         """Evaluate a constant expression (literals and parameters)."""
-        from .interpreter import eval_constant
-
         try:
             return eval_constant(x, self.param_values)
         except KeyError:
@@ -353,21 +331,16 @@ class _Checker:
                 from None
 
     def call_size(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1)
         (a,) = self.typed_args(e)
         self.array_arg(a, "size", packed=True)
         return dataclasses.replace(e, args=(a,), ty=_U32)
 
     def call_iota(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1)
         (k,) = self.typed_args(e)
         self.scalar_arg(k, "iota", ints=True)
         return dataclasses.replace(e, args=(k,), ty=Type.array("u32", self.length_of_scalar(k)))
 
     def call_map(self, e: ir.Call) -> ir.Expr:
-        if len(e.args) < 2:
-            raise self.err("map takes one or more arrays and then a lambda", e.pos)
-        self.arity(e, (2, 9))
         arrays = tuple(self.expr(a) for a in e.args[:-1])
         types = [self.array_arg(a, "map") for a in arrays]
         for t in types[1:]:
@@ -390,7 +363,6 @@ class _Checker:
         return kwargs + ((("key", key),) if key is not None else ())
 
     def call_reduce(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 2, ("key",))
         a = self.expr(e.args[0])
         at = self.array_arg(a, "reduce")
         op = e.args[1]
@@ -424,7 +396,6 @@ class _Checker:
         return Type("tuple", items=(Type.array("u32", length), values))
 
     def call_filter(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 2, ("index",))
         a = self.expr(e.args[0])
         at = self.array_arg(a, "filter")
         pred = self.lambda_body(e.args[1], (at,), "filter")
@@ -435,7 +406,6 @@ class _Checker:
         return dataclasses.replace(e, args=(a, pred), ty=ty)
 
     def call_sort(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1, ("key", "descending", "index"))
         a = self.expr(e.args[0])
         at = self.array_arg(a, "sort")
         key = self.key_lambda(e, at.elem)
@@ -446,7 +416,6 @@ class _Checker:
         return dataclasses.replace(e, args=(a,), kwargs=self.with_key(e, key), ty=ty)
 
     def call_topk(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 2, ("key", "index"))
         a, k = self.expr(e.args[0]), self.expr(e.args[1])
         at = self.array_arg(a, "topk")
         self.scalar_arg(k, "topk's k", ints=True)
@@ -469,19 +438,16 @@ class _Checker:
         return 2**16 + self.stream - 1  # automatic streams never collide with explicit ones
 
     def call_random(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 0, ("stream",))
         stream = self.random_stream(e)
         return dataclasses.replace(e, kwargs=(), ty=Type.scalar("f32"), stream=stream)
 
     def call_randint(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1, ("stream",))
         stream = self.random_stream(e)
         (hi,) = self.typed_args(e)
         self.scalar_arg(hi, "randint", ints=True)
         return dataclasses.replace(e, args=(hi,), kwargs=(), ty=_U32, stream=stream)
 
     def call_gather(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 2)
         a, idx = self.typed_args(e)
         at, it = self.array_arg(a, "gather"), self.array_arg(idx, "gather's indices")
         if not is_int(it.elem):
@@ -489,7 +455,6 @@ class _Checker:
         return dataclasses.replace(e, args=(a, idx), ty=Type.array(at.elem, it.length))  # type: ignore
 
     def call_scatter(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 3)
         idx, vals, n = self.typed_args(e)
         it, vt = self.array_arg(idx, "scatter's indices"), self.array_arg(vals, "scatter")
         if not is_int(it.elem):
@@ -502,7 +467,6 @@ class _Checker:
         return dataclasses.replace(e, args=(idx, vals, n), ty=ty)
 
     def call_pack(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1, ("bits",))
         (a,) = self.typed_args(e)
         at = self.array_arg(a, "pack")
         if not (is_int(at.elem) or at.elem == "bool"):
@@ -516,7 +480,6 @@ class _Checker:
         return dataclasses.replace(e, args=(a,), kwargs=(), ty=ty)
 
     def call_unpack(self, e: ir.Call) -> ir.Expr:
-        self.arity(e, 1)
         (a,) = self.typed_args(e)
         at = self.array_arg(a, "unpack", packed=True)
         if at.kind != "packed":

@@ -8,7 +8,7 @@ from pathlib import Path
 from pprint import pformat
 from typing import Any
 
-from hipress.errors import ConfigError
+from hipress_errors import ConfigError
 
 from . import ir
 from .checker import check

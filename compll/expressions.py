@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import ir
-from .checker import ELEMENTWISE
+from .builtins import BUILTINS, Kind
+from .constants import MAX_STAGED
 from .diagnostics import BuildError
 from .interpreter import cast, eval_constant
 from .lower import lower
@@ -28,7 +29,7 @@ __all__ = ["ExprRenderer", "MAX_STAGED", "operands"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARITH = {"+": "add", "-": "sub", "*": "mul"}
-MAX_STAGED = 4  # templates/cpu_runtime.h MAX_STAGED
+_SCALAR_FNS = (Kind.CAST, Kind.ELEMENTWISE)
 
 
 @dataclass
@@ -165,7 +166,7 @@ class ExprRenderer:
         if isinstance(e, ir.Call):
             if e.fn == "size":
                 return locals_ok
-            return (e.fn in self.types or e.fn in ELEMENTWISE) and \
+            return BUILTINS[e.fn].kind in _SCALAR_FNS and \
                 all(self.invariant(a, locals_ok) for a in e.args)
         return all(self.invariant(c, locals_ok) for c in operands(e))
 
@@ -246,11 +247,12 @@ class ExprRenderer:
 
     def expr_call(self, e: ir.Call) -> str:
         assert e.ty is not None
-        if e.fn in self.types:
+        kind = BUILTINS[e.fn].kind
+        if kind is Kind.CAST:
             x = e.args[0]
             assert x.ty is not None
             return self.convert(self.expr(x), x.ty.elem, e.fn)
-        if e.operand_ty is not None and e.fn != "reduce":
+        if kind is Kind.ELEMENTWISE:
             return self.elementwise(e)
         method = getattr(self, "call_" + e.fn, None)
         if method is None:
@@ -259,39 +261,13 @@ class ExprRenderer:
 
     def elementwise(self, e: ir.Call) -> str:
         assert e.operand_ty is not None and e.ty is not None
+        spec = BUILTINS[e.fn]
         op = e.operand_ty.elem
-        args = [self.as_elem(a, op) for a in e.args]
-        fn = e.fn
-        if fn == "abs":
-            out = {"f32": "hp_fabs({})", "i32": "hp_abs_i32({})"}.get(op, "({})").format(*args)
-        elif fn == "sign":
-            if op == "f32":
-                out = f"hp_sign_f32({args[0]})"
-            elif op == "u32":
-                out = f"((uint32_t)({args[0]} > 0u))"
-            else:
-                out = f"((int32_t)(({args[0]} > 0) - ({args[0]} < 0)))"
-        elif fn in ("floor", "ceil", "sqrt"):
-            out = f"{fn}f({args[0]})"
-        elif fn == "round":
-            out = f"{self.rint}({args[0]})"
-        elif fn in ("min", "max"):
-            if op == "f32":
-                out = f"hp_f{fn}({args[0]}, {args[1]})"
-            else:
-                cmp = "<" if fn == "min" else ">"
-                out = f"({args[0]} {cmp} {args[1]} ? {args[0]} : {args[1]})"
-        elif fn in ("isnan", "isfinite"):
-            out = f"hp_{fn}({args[0]})"
-        elif fn in ("exponent", "mantissa"):
-            out = f"hp_{fn}({args[0]})"
-        elif fn == "pow2":
-            out = f"hp_pow2({args[0]})"
-        else:
-            raise BuildError(f"the renderer has no builtin {fn!r}")
-        result = {"pow2": "f32", "isnan": "bool", "isfinite": "bool", "exponent": "i32",
-                  "mantissa": "u32"}.get(fn, op)
-        return self.convert(out, result, e.ty.elem)
+        try:
+            out = spec.render_c(op, [self.as_elem(a, op) for a in e.args], self.rint)
+        except KeyError:
+            raise BuildError(f"the renderer has no builtin {e.fn!r} for {op}") from None
+        return self.convert(out, spec.result_of(op), e.ty.elem)
 
     rint = "nearbyintf"
 

@@ -15,16 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import PayloadError
+from hipress_errors import PayloadError
 
 from . import ir, payload, rng
+from .builtins import BUILTINS, Kind
+from .constants import SUM_BLOCK, SUM_CHUNK, SUM_LANES
 from .typing_rules import DTYPES, arith_elem, promote_one
 
 __all__ = ["Packed", "encode", "decode", "eval_constant", "SUM_CHUNK", "SUM_LANES", "SUM_BLOCK"]
 
-SUM_CHUNK = 8192
-SUM_LANES = 32
-SUM_BLOCK = 512
 _INT_RANGE = {"i32": (-(2**31), 2**31 - 1), "u32": (0, 2**32 - 1), "u8": (0, 255)}
 
 
@@ -90,15 +89,6 @@ def _int_div(a: np.ndarray, b: np.ndarray, elem: str, mod: bool) -> np.ndarray:
     return cast(out, elem)
 
 
-def _fmax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """max(a, b) = isnan(b) ? a : isnan(a) ? b : (a > b ? a : b)."""
-    return np.where(np.isnan(b), a, np.where(np.isnan(a), b, np.where(a > b, a, b)))
-
-
-def _fmin(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(np.isnan(b), a, np.where(np.isnan(a), b, np.where(a < b, a, b)))
-
-
 def binary(op: str, a: np.ndarray, b: np.ndarray, elem: str) -> np.ndarray:
     """Apply a binary operator with both operands already cast to ``elem``."""
     if op == "+":
@@ -128,42 +118,9 @@ def binary(op: str, a: np.ndarray, b: np.ndarray, elem: str) -> np.ndarray:
 
 def elementwise(fn: str, args: list[np.ndarray], operand: str) -> np.ndarray:
     """Apply a scalar builtin (``abs``, ``sign``, ``exponent``...) elementwise."""
-    x = cast(args[0], operand)
-    if fn == "abs":
-        return np.abs(x)
-    if fn == "sign":
-        if operand == "u32":
-            return (x > 0).astype(np.uint32)
-        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
-    if fn == "floor":
-        return np.floor(x)
-    if fn == "ceil":
-        return np.ceil(x)
-    if fn == "round":
-        return np.rint(x)
-    if fn == "sqrt":
-        return np.sqrt(x)
-    if fn in ("min", "max"):
-        y = cast(args[1], operand)
-        if operand == "f32":
-            return _fmin(x, y) if fn == "min" else _fmax(x, y)
-        return np.minimum(x, y) if fn == "min" else np.maximum(x, y)
-    if fn == "isnan":
-        return np.isnan(x)
-    if fn == "isfinite":
-        return np.isfinite(x)
-    if fn == "exponent":
-        bits = np.asarray(x, dtype=np.float32).view(np.uint32)
-        field = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int32)
-        return np.where(field == 0, -127, field - 127).astype(np.int32)
-    if fn == "mantissa":
-        return np.asarray(x, dtype=np.float32).view(np.uint32) & np.uint32(0x7FFFFF)
-    if fn == "pow2":
-        e = x.astype(np.int64)
-        biased = np.clip(e + 127, 1, 254).astype(np.uint32) << np.uint32(23)
-        val = np.asarray(biased, dtype=np.uint32).view(np.float32)
-        return np.where(e < -126, np.float32(0), np.where(e > 127, np.float32(np.inf), val))
-    raise NotImplementedError(f"the interpreter has no builtin {fn!r}")
+    spec = BUILTINS[fn]
+    assert spec.kind is Kind.ELEMENTWISE and spec.numpy is not None
+    return spec.numpy(operand, *(cast(a, operand) for a in args))
 
 
 # -- reductions ------------------------------------------------------------------------------
@@ -335,9 +292,11 @@ class _Frame:
     def eval_call(self, e: ir.Call) -> Any:
         assert e.ty is not None
         fn = e.fn
-        if fn in DTYPES:
+        kind = BUILTINS[fn].kind
+        if kind is Kind.CAST:
             return cast(self.eval(e.args[0]), fn)
-        if e.operand_ty is not None and fn not in ("reduce",):
+        if kind is Kind.ELEMENTWISE:
+            assert e.operand_ty is not None
             args = [self.eval(a) for a in e.args]
             return cast(elementwise(fn, args, e.operand_ty.elem), e.ty.elem)
         method: Callable[[ir.Call], Any] = getattr(self, "op_" + fn)

@@ -13,7 +13,7 @@ __all__ = [
     "Pos", "Length", "Type", "Expr", "Const", "Var", "Unary", "Binary", "Select",
     "Call", "Lambda", "Let", "Return", "Stmt", "Function", "Param", "Require",
     "Unbiased", "Section", "Program",
-    "SCALARS", "FLOATS", "INTS", "BOOL", "PACKED_BITS",
+    "SCALARS", "FLOATS", "INTS", "BOOL", "PACKED_BITS", "operands", "show",
 ]
 
 SCALARS = ("f32", "f16", "i32", "u32", "u8", "bool")
@@ -244,3 +244,35 @@ class Program:
 
     def param(self, name: str) -> int | float | bool:
         return dict(self.param_values)[name]
+
+
+def operands(e: Expr) -> list[Expr]:
+    """The direct operands of a unary, binary or select expression."""
+    if isinstance(e, Unary):
+        return [e.operand]
+    if isinstance(e, Binary):
+        return [e.left, e.right]
+    if isinstance(e, Select):
+        return [e.cond, e.then, e.other]
+    return []
+
+
+def show(e: Expr | None) -> str:
+    """An expression as DSL-like text (for dumps and messages)."""
+    if e is None:
+        return ""
+    if isinstance(e, Const):
+        return str(e.value).lower() if isinstance(e.value, bool) else repr(e.value)
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Unary):
+        return f"{e.op}{' ' if e.op == 'not' else ''}{show(e.operand)}"
+    if isinstance(e, Binary):
+        return f"({show(e.left)} {e.op} {show(e.right)})"
+    if isinstance(e, Select):
+        return f"(if {show(e.cond)} then {show(e.then)} else {show(e.other)})"
+    if isinstance(e, Lambda):
+        params = e.params[0] if len(e.params) == 1 else f"({', '.join(e.params)})"
+        return f"{params} -> {show(e.body)}"
+    args = [show(a) for a in e.args] + [f"{k}={show(v)}" for k, v in e.kwargs]
+    return f"{e.fn}({', '.join(args)})"

@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, HiPressError, PayloadError
+from hipress_errors import ConfigError, HiPressError, PayloadError
 
 from . import ir
 from .build import Artifact, build
+from .constants import FEEDBACK, SCALE_SUM
 from .payload import algorithm_id, header_size
 from .typing_rules import ITEMSIZE
 
@@ -47,10 +48,6 @@ ENCODE_ITEM = np.dtype([("g", "<u8"), ("r", "<u8"), ("n", "<u8"), ("out", "<u8")
                         ("cap", "<u8"), ("size", "<i8"), ("step", "<u4"), ("flags", "<u4")])
 #: one segment of ``hp_decode_batch``: payload and its size, element count, output
 DECODE_ITEM = np.dtype([("p", "<u8"), ("size", "<u8"), ("n", "<u8"), ("out", "<u8")])
-#: an encode item's flag: subtract the decoded payload from its residual (error feedback)
-FEEDBACK = 1
-#: a batched decode's ``accumulate`` that adds and then multiplies the sum by the scale
-SCALE_SUM = 2
 
 
 def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:

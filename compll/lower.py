@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 from . import ir
+from .builtins import Kind, of_kind
 
 __all__ = ["BARRIERS", "lower"]
 
-BARRIERS = frozenset({"reduce", "filter", "sort", "topk", "scatter"})
+BARRIERS = of_kind(Kind.BARRIER)
 
 
 class _Hoister:

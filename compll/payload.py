@@ -26,19 +26,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipress.errors import PayloadError
+from hipress_errors import PayloadError
 
+from .constants import ALIGN, HEADER_SIZE, MAGIC, VERSION
 from .ir import Program, Section
 from .typing_rules import ITEMSIZE
 
 __all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "algorithm_id", "build", "parse",
            "header_size", "section_count", "framed_size"]
 
-MAGIC = b"HP"
-VERSION = 1
-HEADER_SIZE = 24
 _HEAD = struct.Struct("<2sBBIQII")
-_ALIGN = 8
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ def algorithm_id(program: Program) -> int:
 
 
 def _pad(size: int) -> int:
-    return (size + _ALIGN - 1) // _ALIGN * _ALIGN
+    return (size + ALIGN - 1) // ALIGN * ALIGN
 
 
 def header_size(sections: int) -> int:

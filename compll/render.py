@@ -21,6 +21,7 @@ from pathlib import Path
 import jinja2
 
 from . import ir
+from .compiler import dump_stage
 from .diagnostics import BuildError
 from .expressions import ExprRenderer, _Array, operands
 from .ir import FLOATS
@@ -653,8 +654,6 @@ def _calls(node: object, fn: str) -> bool:
 
 def render(program: ir.Program, target: str) -> str:
     """Render a checked program for ``target`` (``"cpu"`` or ``"cuda"``)."""
-    from .compiler import dump_stage
-
     renderers: dict[str, type[CRenderer]] = {"cpu": CpuRenderer, "cuda": CudaRenderer}
     if target not in renderers:
         raise BuildError(f"no renderer for target {target!r}")

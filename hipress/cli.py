@@ -57,6 +57,7 @@ def _emit(program, target: str, output: str | None) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         source = Path(shutil.copy2(art.source, folder / art.source.name))
         library = Path(shutil.copy2(art.library, folder / art.library.name))
+        shutil.copy2(art.source.parent / "hp_constants.h", folder / "hp_constants.h")
     how = "cached" if art.cached else f"built in {art.seconds:.1f} s"
     print(f"  {target}: {how}")
     print(f"    source:  {source}")

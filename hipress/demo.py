@@ -11,8 +11,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from .codec import algorithms, codec
+from casync.transport import parse_rate
+from compll import algorithms, codec
+
 from .errors import ConfigError
+from .launcher import run, run_shaped
 
 __all__ = ["run_roundtrip_demo", "run_training_demo"]
 
@@ -81,10 +84,6 @@ def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str =
     Both runs use the same ranks, model, data and link: a software-paced uplink of
     ``bandwidth`` per rank (emulation), or with ``shaped`` real namespaces and tc links.
     """
-    from casync.transport import parse_rate
-
-    from .launcher import run, run_shaped
-
     parse_rate(bandwidth)
     console = Console(width=max(Console().width, 100))
     script = _repo_file("examples", "torch_train.py")

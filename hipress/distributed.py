@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from casync import StaticPlanner, Synchronizer
 from casync.plan import MIN_COMPRESS
 from casync.teardown import Connections
+from compll import algorithms
 
 from .errors import ConfigError
 from .hosts import free_port
@@ -116,8 +118,6 @@ def gloo_group() -> Any:
 
 def synchronizer(algorithm: str, **options: Any) -> Any:
     """A CaSync ``Synchronizer`` on the plugin's Gloo group (see ``casync.Synchronizer``)."""
-    from casync import Synchronizer
-
     _require()
     engine = Synchronizer(algorithm, group=_state["group"], **options)
     _engines.add(engine)
@@ -146,8 +146,6 @@ class EngineOptions:
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
                  min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
                  timeout: float | None = None, **params: Any) -> None:
-        from .codec import algorithms
-
         if algorithm != "none" and algorithm not in algorithms():
             raise ValueError(f"unknown algorithm {algorithm!r}; choose 'none' or one of "
                              f"{', '.join(algorithms())}")
@@ -174,8 +172,6 @@ class EngineOptions:
 
     def engine(self) -> Any:
         """A ``Synchronizer`` with these options on the plugin's group (joins it first)."""
-        from casync import StaticPlanner
-
         if not is_initialized():
             init()
         planner: Any = "auto" if self.plan == "auto" else StaticPlanner(

@@ -8,8 +8,10 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
+from casync.transport import parse_rate
+
 from .errors import ConfigError
-from .hosts import Host, free_port, thread_share
+from .hosts import Host, free_port, shaped, thread_share
 
 __all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts"]
 
@@ -77,8 +79,6 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
     if algorithm:
         env["HIPRESS_ALGORITHM"] = algorithm
     if bandwidth:
-        from casync.transport import parse_rate
-
         parse_rate(bandwidth)
         env["HIPRESS_BANDWIDTH"] = bandwidth
     if timeout is not None:
@@ -102,8 +102,6 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
 def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
     """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only),
     one rank per network namespace, as on ``ranks`` one-GPU nodes."""
-    from .hosts import shaped
-
     command = _this_python(args)
     if command[0].endswith(".py"):
         command.insert(0, sys.executable)

@@ -5,10 +5,24 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+from casync import Synchronizer
+from casync.costmodel import CostModel, Linear
+from casync.models import PROFILES, TIMINGS, layers
+from casync.planner import CostPlanner
+from casync.profiler import measure
+from casync.simulate import Gradient, ready_times, simulate
+from casync.transport import Transport, parse_rate
+
+from .distributed import destroy_process_group
 from .errors import ConfigError
+from .launcher import run, run_shaped
 
 __all__ = ["profile_main", "plan_main", "fit_table"]
 
@@ -28,8 +42,6 @@ def _cells(key: str, fit: Any) -> tuple[str, str, str]:
 
 def fit_table(cost: Any, title: str) -> Any:
     """A rich table of a cost model's fits: a, b (also as a rate), R²."""
-    from rich.table import Table
-
     table = Table(title=title)
     for col in ("primitive", "a (µs)", "b", "rate", "R²"):
         table.add_column(col, justify="left" if col == "primitive" else "right")
@@ -39,20 +51,13 @@ def fit_table(cost: Any, title: str) -> Any:
 
 
 def _profile_worker(args: argparse.Namespace) -> int:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    from rich.console import Console
-
-    from casync.profiler import measure
-    from casync.transport import Transport
-
-    from .distributed import destroy_process_group
+    import torch.distributed as dist  # torch loads only in the ranks that profile
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     transport = Transport()
     say = print if transport.rank == 0 else (lambda *_: None)
-    cost = measure(transport, tuple(args.algorithms), reps=args.reps, target=args.target,
+    cost = measure(transport, tuple(args.algorithms), engine=Synchronizer, reps=args.reps,
+                   target=args.target,
                    say=lambda s: say(f"  {s}"))
     cost.meta["network"] = args.network
     if transport.rank == 0:
@@ -84,8 +89,6 @@ def profile_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if "RANK" in os.environ:
         return _profile_worker(args)
-    from .launcher import run, run_shaped
-
     argv = list(argv)
     if "-o" not in argv and "--out" not in argv:
         argv += ["--out", str(args.out.resolve())]
@@ -97,15 +100,6 @@ def profile_main(argv: list[str]) -> int:
 
 def plan_main(argv: list[str]) -> int:
     """``hipress plan``: the planner's decisions for a model, from a profile or a cluster."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from casync.costmodel import CostModel, Linear
-    from casync.models import PROFILES, TIMINGS, layers
-    from casync.planner import CostPlanner
-    from casync.simulate import Gradient, ready_times, simulate
-    from casync.transport import parse_rate
-
     parser = argparse.ArgumentParser(
         prog="hipress plan",
         description="Plan every gradient of a model (compress?, topology, partitions) and "

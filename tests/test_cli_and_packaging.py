@@ -90,3 +90,23 @@ def test_compile_emits_and_builds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"library: {tmp_path}" in out
     assert (tmp_path / "onebit.so").exists() and (tmp_path / "onebit.cpp").exists()
+
+
+@pytest.mark.parametrize("module,forbidden", [
+    ("compll", ("hipress", "casync")),          # the compiler imports nothing above it
+    ("hipress.errors", ("compll", "casync")),   # the errors are a leaf
+    ("hipress", ("compll", "casync")),          # the facade loads its layers on first use
+    ("casync", ("hipress",)),                   # the engine: compll and the errors only
+])
+def test_layers_import_only_the_layers_below(module, forbidden):
+    code = (f"import sys, {module}\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_facade_re_exports_the_compiler_on_first_use():
+    assert hipress.codec("onebit", target="ref").name == "onebit"
+    assert "onebit" in hipress.algorithms() and hipress.Codec.__module__ == "compll.codec"
+    assert hipress.SyncError.__mro__[1] is hipress.HiPressError

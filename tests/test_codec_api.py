@@ -6,8 +6,8 @@ import torch
 from conftest import gradient
 
 import hipress
+from compll import MAX_ELEMENTS
 from hipress import CompileError, ConfigError
-from hipress.codec import MAX_ELEMENTS
 
 pytestmark = pytest.mark.pure
 

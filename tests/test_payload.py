@@ -1,6 +1,8 @@
 """Malformed, truncated or foreign payloads raise PayloadError and never crash."""
 
+import shutil
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -108,3 +110,26 @@ def test_index_and_value_counts_must_agree():
 def test_non_uint8_payloads_are_rejected():
     with pytest.raises(PayloadError, match="uint8"):
         CODECS["onebit"].decode(np.zeros(10, np.float32), 10)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_the_kernels_read_the_constants_python_defines(tmp_path):
+    # hp_constants.h is rendered from compll/constants.py; a C++ program that prints it
+    # must print back what Python holds
+    from compll import constants
+
+    (tmp_path / "hp_constants.h").write_text(constants.header_text())
+    (tmp_path / "main.cpp").write_text(
+        '#include <cstdio>\n#include "hp_constants.h"\n'
+        "int main() { std::printf(\"%llu %llu %llu %llu %llu %d %d %s\", "
+        "(unsigned long long)hp::SUM_CHUNK, (unsigned long long)hp::SUB_BLOCK, "
+        "(unsigned long long)hp::MAX_ELEMENTS, (unsigned long long)hp::HEADER, "
+        "(unsigned long long)hp::FORMAT_VERSION, (int)hp::FEEDBACK, hp::SCALE_SUM, "
+        "hp::TOO_MANY); }\n")
+    subprocess.run(["g++", "-std=c++17", str(tmp_path / "main.cpp"), "-o",
+                    str(tmp_path / "main")], check=True)
+    out = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True,
+                         check=True).stdout
+    c = constants
+    assert out == (f"{c.SUM_CHUNK} {c.SUM_BLOCK} {c.MAX_ELEMENTS} {c.HEADER_SIZE} {c.VERSION} "
+                   f"{c.FEEDBACK} {c.SCALE_SUM} {c.TOO_MANY}")

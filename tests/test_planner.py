@@ -16,7 +16,7 @@ from casync.plan import Plan, StaticPlanner
 from casync.planner import CostPlanner
 from casync.simulate import Gradient, ready_times, simulate
 from casync.timeline import Lanes, Stage, chains, predict
-from hipress.codec import MAX_ELEMENTS
+from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
 
@@ -244,7 +244,7 @@ def test_another_topology_must_beat_the_default_by_the_switch_margin(monkeypatch
         end = times[planner.topology] if isinstance(planner, StaticPlanner) else 10.0
         return sim.Result(strategy, end)
 
-    monkeypatch.setattr(sim, "simulate", fake)
+    monkeypatch.setattr("casync.planner.simulate", fake)
     planner = CostPlanner(CostModel.cluster(4, 1, 1e9, ("onebit",)), ("onebit",))
     grads = [Gradient("g", 1 << 20)]
     planner.fit(grads, 4)

@@ -16,6 +16,7 @@
 
 #define HP_BITCOPY(dst, src, n) std::memcpy((dst), (src), (n))
 #define HP_FN static inline
+#include "hp_constants.h"
 #include "common.h"
 #include "host.h"
 
@@ -26,12 +27,9 @@ namespace hp {
 template <class T>
 using buffer = std::vector<T>;
 
-constexpr uint64_t SUM_CHUNK = 8192;  // compll/interpreter.py SUM_CHUNK
-constexpr int64_t GRAIN = 1 << 16;    // elements per parallel block in scans
-// Loops over groups of up to 64 elements run `for (; i + G <= lim; i += G)` in 32 bits, so
-// the element loads stay contiguous (a 64-bit bound made GCC load them one by one); with
-// lim = min(hi, GROUP_LIMIT), i + G cannot wrap.
-constexpr uint32_t GROUP_LIMIT = 0xFFFFFF80u;
+// SUM_CHUNK, GRAIN, GROUP_LIMIT and the rest come from compll/constants.py (hp_constants.h).
+// Group loops count in 32 bits, bounded by GROUP_LIMIT: a 64-bit bound made GCC load the
+// elements one by one.
 
 inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
 
@@ -47,7 +45,6 @@ inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
 
 // Packed arrays that a pass reads are unpacked chunk by chunk into L1-resident bytes,
 // so element functions read st.p[k][i - st.lo]: a contiguous, vectorisable load.
-constexpr int MAX_STAGED = 4;
 struct Unpacks {
   const uint8_t* src[MAX_STAGED];
   uint32_t bits[MAX_STAGED];
@@ -143,7 +140,6 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 // Reductions evaluate SUB_BLOCK elements at a time into a buffer that stays in L1, then
 // reduce it: loads of the next block overlap the arithmetic on this one (a whole chunk
 // evaluated first made the two phases take turns).
-constexpr uint64_t SUB_BLOCK = 512;  // compll/interpreter.py SUM_BLOCK: divides SUM_CHUNK
 
 // Float sum in the defined order (compll/interpreter.py _sum_f32): lane l = i mod 32
 // within a chunk; per SUB_BLOCK, each lane adds its 16 elements in f32 and the partial is
@@ -722,7 +718,6 @@ inline T get(const uint8_t* p) {
 // Segments under BATCH_SMALL elements run one per thread (their own passes then run on that
 // thread alone: a parallel region inside a parallel loop has one thread); larger ones run
 // after them, one at a time, each parallel inside.
-constexpr uint64_t BATCH_SMALL = 1 << 16;
 
 template <class Size, class Run>
 void for_segments(uint64_t count, Size size_of, Run run) {

@@ -18,14 +18,13 @@
 
 #define HP_BITCOPY(dst, src, n) memcpy((dst), (src), (n))
 #define HP_FN static __host__ __device__ inline
+#include "hp_constants.h"
 #include "common.h"
 #include "host.h"
 
 namespace hp {
 
-constexpr uint64_t SUM_CHUNK = 8192;  // compll/interpreter.py SUM_CHUNK
 constexpr int THREADS = 256;
-constexpr int MAX_STAGED = 4;
 
 // The first CUDA error of a call; the exported functions report it.
 inline char* error_text() {
@@ -113,8 +112,7 @@ inline Stage stage_of(const Unpacks& u) {
 // One thread per (chunk, lane): lane l of a chunk adds elements l, l+32, ... in order,
 // in f32 within each block of SUM_BLOCK elements and in f64 across blocks
 // (compll/interpreter.py _sum_f32); a warp's loads are contiguous.
-constexpr uint64_t SUM_LANES = 32;
-constexpr uint64_t SUM_BLOCK = 512;
+constexpr uint64_t SUM_BLOCK = SUB_BLOCK;
 template <class F>
 __global__ void k_sum_lanes(uint64_t len, F f, Stage st, double* lanes) {
   const uint64_t t = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x;

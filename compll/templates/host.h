@@ -2,12 +2,9 @@
 // (compll/payload.py), error messages, and top-k selection among candidates.
 #pragma once
 
-namespace hp {
+#include "hp_constants.h"
 
-constexpr uint64_t HEADER = 24;
-// Elements per codec call: CompLL counts in u32 (hipress.codec.MAX_ELEMENTS).
-constexpr uint64_t MAX_ELEMENTS = 0xFFFFFFFFull;
-constexpr const char* TOO_MANY = "a codec call holds at most 4294967295 elements; split the tensor";
+namespace hp {
 
 inline int fail(char* err, uint64_t errcap, const char* fmt, unsigned long long a = 0,
                 unsigned long long b = 0) {
@@ -26,7 +23,7 @@ inline void fill_header(uint8_t* h, uint32_t nsec, uint32_t algo, uint64_t n, ui
                         uint32_t step, const uint64_t* sizes) {
   h[0] = 'H';
   h[1] = 'P';
-  h[2] = 1;
+  h[2] = FORMAT_VERSION;
   h[3] = (uint8_t)nsec;
   std::memcpy(h + 4, &algo, 4);
   std::memcpy(h + 8, &n, 8);
@@ -53,9 +50,9 @@ inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_
     fail(err, errcap, "not a HiPress payload (bad magic)");
     return false;
   }
-  if (h[2] != 1) {
-    fail(err, errcap, "payload format version %llu is not supported (this HiPress reads 1)",
-         h[2]);
+  if (h[2] != FORMAT_VERSION) {
+    fail(err, errcap, "payload format version %llu is not supported (this HiPress reads %llu)",
+         h[2], FORMAT_VERSION);
     return false;
   }
   uint32_t got_algo;
@@ -93,7 +90,7 @@ inline bool framed(const uint8_t* h, uint64_t avail, uint64_t* total, char* err,
     fail(err, errcap, "%llu bytes cannot hold a 24-byte header", avail);
     return false;
   }
-  if (h[0] != 'H' || h[1] != 'P' || h[2] != 1) {
+  if (h[0] != 'H' || h[1] != 'P' || h[2] != FORMAT_VERSION) {
     fail(err, errcap, "not a HiPress payload (bad magic or version)");
     return false;
   }
@@ -141,9 +138,6 @@ struct DecItem {
   uint64_t n;
   float* out;
 };
-constexpr uint32_t FEEDBACK = 1;
-// A batched decode's accumulate value that adds and then scales the sum.
-constexpr int SCALE_SUM = 2;
 
 // Sizes come from the payload: check each against the buffer before adding, so a
 // forged size cannot overflow the total.

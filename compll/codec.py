@@ -1,4 +1,4 @@
-"""``hipress.codec``: encode and decode gradients with a CompLL algorithm."""
+"""``Codec``: encode and decode gradients with a CompLL algorithm (``hipress.codec()``)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,19 @@ from typing import Any
 
 import numpy as np
 
-# Module imports (not names): compll imports hipress.errors, so either package may be
-# the one imported first.
-from compll import compiler, interpreter
-from compll.ir import Program
+from hipress_errors import ConfigError, PayloadError
 
-from .errors import ConfigError, PayloadError
+from . import compiler, interpreter
+from .constants import FEEDBACK, MAX_ELEMENTS, SCALE_SUM
+from .ir import Program
+from .loaders import DECODE_ITEM, ENCODE_ITEM, load_kernel, payload_size_hint
+from .payload import framed_size
 
 __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
 #: Backends a codec can run on. ``auto`` runs CUDA tensors on the GPU and everything
 #: else on the CPU; ``ref`` is the NumPy reference interpreter, the oracle of the others.
 TARGETS = ("auto", "cpu", "cuda", "ref")
-#: CompLL counts and indexes elements in u32 (``size(g)``, ``n``, filter indices), so one
-#: encode or decode takes at most this many; CaSync partitions larger tensors.
-MAX_ELEMENTS = 2**32 - 1
 
 
 def _check_count(n: int) -> None:
@@ -91,8 +89,6 @@ class Codec:
 
     def _kernel(self, target: str) -> Any:
         if target not in self._kernels:
-            from compll.loaders import load_kernel
-
             self._kernels[target] = load_kernel(self.program, target)
         return self._kernels[target]
 
@@ -134,8 +130,6 @@ class Codec:
         n = int(n)
         cap = self._caps.get(n)
         if cap is None:
-            from compll.loaders import payload_size_hint
-
             cap = self._caps[n] = payload_size_hint(self.program, n, n)
         return cap
 
@@ -308,8 +302,6 @@ class Codec:
                 into.reshape(-1)[:joined.size] = joined
                 return into.reshape(-1)[:joined.size], [p.size for p in payloads]
             return joined, [p.size for p in payloads]
-        from compll.loaders import ENCODE_ITEM, FEEDBACK
-
         total_cap = sum(caps)
         buf = _byte_buffer(out, total_cap, xs[0] if cuda else None)
         base = _ptr(buf)
@@ -370,8 +362,6 @@ class Codec:
         if backend == "ref":
             self._decode_batch_ref(_as_payload(payload), ns, outs, accumulate, scale, feedback)
             return outs
-        from compll.loaders import DECODE_ITEM
-
         buf: Any = payload.reshape(-1) if cuda else _as_payload(payload)
         nbytes = _numel(buf)
         items = np.zeros(count, DECODE_ITEM)
@@ -410,8 +400,6 @@ class Codec:
         the first row's ``p`` and ``size`` span the message, every row's ``n`` and ``out``
         are set. ``scale_sum``: add the decoded values, then multiply the sum by
         ``scale`` (an average of a sum). Raises PayloadError naming the bad segment."""
-        from compll.loaders import SCALE_SUM
-
         backend = self._backend(on_gpu=cuda)
         if backend == "ref":
             raise ConfigError("decode_items runs kernels; target 'ref' takes decode_batch")
@@ -420,8 +408,6 @@ class Codec:
 
     def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
                           accumulate: bool, scale: float, feedback: bool) -> None:
-        from compll.payload import framed_size
-
         pos = 0
         for i, (n, o) in enumerate(zip(ns, outs, strict=True)):
             try:
