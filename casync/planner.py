@@ -34,17 +34,12 @@ from .timeline import Lanes, predict
 __all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN"]
 
 #: How much faster a per-tensor (greedy) whole-model plan must be predicted than the
-#: best fixed strategy to be chosen. Choosing the minimum over many candidates per
-#: tensor also picks the ones whose costs the model underestimates (the optimizer's
-#: curse): validation (docs/benchmarks.md) measured greedy plans up to 50 % slower
-#: than predicted while the simulator ranked them a few per cent ahead of fixed ones.
+#: best fixed strategy to be chosen: a minimum over many candidates also picks the
+#: costs the model underestimates (the optimizer's curse; docs/benchmarks.md, "Margins").
 GREEDY_MARGIN = 0.25
 
 #: How much faster another fixed strategy must be predicted than the default one (the
-#: first topology listed, ps) to be chosen. The same curse on a smaller scale: on 4
-#: shaped ranks the model ranked allgather 12 % ahead of ps for dgc in one of three
-#: validation runs, and allgather measured 41 % slower there; ps measured best or within
-#: 5 % of the best in every 2- and 4-rank run (docs/benchmarks.md).
+#: first topology listed, ps) to be chosen: the same curse on a smaller scale.
 SWITCH_MARGIN = 0.15
 
 

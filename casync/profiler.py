@@ -55,8 +55,8 @@ def _max_over_ranks(transport: Transport, values: list[float]) -> list[float]:
 BATCH_SECONDS = 0.01
 #: at most this many calls per timed repetition
 MAX_BATCH = 64
-#: each size is timed for at least about this long in all: slow calls get more
-#: repetitions (up to 4x), or one stall in five decides their mean
+#: each size is timed for at least about this long in all, so slow calls get more
+#: repetitions and one stall cannot decide their mean
 SAMPLE_SECONDS = 0.1
 #: repetitions slower than this many times their median are freezes of the host, not
 #: the cost of the call, and are left out of the mean (see ``_typical_mean``)
@@ -93,8 +93,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
     most = max(1, round(MAX_BATCH * seconds / BATCH_SECONDS))
     means = []
     for size in sizes:
-        # Warm caches, pages, connections and residuals: the first two encodes with error
-        # feedback of a 4M-element tensor took 30 and 15 ms, the rest 7 ms.
+        # Warm caches, pages, connections and residuals: first calls are slower.
         run(size)
         t0 = time.perf_counter()
         run(size)
@@ -279,10 +278,8 @@ def _naive_overhead(transport: Transport, model: CostModel, algo: str, reps: int
 _GATHER_WORK = 16384
 #: each timed repetition of an exchange runs for about this long (see ``measure``)
 _GATHER_SECONDS = 0.06
-#: untimed exchanges before the sweep: right after bulk transfers (the send sweep) the
-#: first hundred or so ran faster than a long chain of them does (on 4 loopback ranks the
-#: first swept size was the lowest of the small ones in 13 of 17 profiles: 1.2-3.6 ms
-#: against 2.9-4.5 ms for the next two)
+#: untimed exchanges before the sweep: right after bulk transfers the first hundred or so
+#: run faster than a long chain of them does
 _GATHER_SETTLE = 100
 
 
@@ -425,8 +422,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         costs["send"] = _sweep(transport, message_bytes, reps, send)
         say(f"send: {costs['send']}")
         # The naive baseline pays an exchange's fixed cost per tensor, serially, spikes
-        # included: fit its mean, over a sample long enough to hold the spikes (on 4
-        # ranks sharing 2 cores a 1 KiB all-gather takes 1.5 to 5 ms per 10 ms).
+        # included: fit its mean, over a sample long enough to hold the spikes.
         exchange = _exchange(transport, max(message_bytes))
         for _ in range(_GATHER_SETTLE):
             exchange(min(message_bytes))

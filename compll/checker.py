@@ -16,12 +16,12 @@ import numpy as np
 
 from hipress_errors import ConfigError
 
-from . import ir
-from .builtins import BUILTINS, Builtin, Kind, RuleError, of_kind
+from . import calls, ir
+from .builtins import BUILTINS, Builtin, Kind, of_kind
 from .diagnostics import DslTypeError, LayoutError, SourceMap
 from .interpreter import eval_constant
-from .ir import FLOATS, INTS, PACKED_BITS, SCALARS, Length, Pos, Type
-from .typing_rules import arith_elem, is_int, is_numeric, promote_one
+from .ir import FLOATS, INTS, SCALARS, Length, Pos, Type
+from .typing_rules import arith_elem, is_numeric, promote_one
 
 __all__ = ["check"]
 
@@ -44,7 +44,9 @@ class _Scope:
         self.lengths: dict[str, Length] = {}
 
 
-class _Checker:
+class Checker:
+    """Types one program; ``compll.calls`` holds the rules of its builtin calls."""
+
     def __init__(self, smap: SourceMap, name: str, param_types: dict[str, Type]) -> None:
         self.smap = smap
         self.name = name
@@ -259,11 +261,10 @@ class _Checker:
             raise self.err("map takes one or more arrays and then a lambda", e.pos)
         self.arity(e, spec)
         if spec.kind is Kind.CAST:
-            return self.call_cast(e)
+            return calls.cast(self, e)
         if spec.kind is Kind.ELEMENTWISE:
-            return self.call_elementwise(e, spec)
-        method: Callable[[ir.Call], ir.Expr] = getattr(self, "call_" + e.fn)
-        return method(e)
+            return calls.elementwise(self, e, spec)
+        return calls.RULES[e.fn](self, e)
 
     def arity(self, e: ir.Call, spec: Builtin) -> None:
         if not spec.lo <= len(e.args) <= spec.hi:
@@ -279,49 +280,6 @@ class _Checker:
     def typed_args(self, e: ir.Call) -> tuple[ir.Expr, ...]:
         return tuple(self.expr(a) for a in e.args)
 
-    def call_cast(self, e: ir.Call) -> ir.Expr:
-        (x,) = self.typed_args(e)
-        ty = self.value_type(x, e.fn)
-        return dataclasses.replace(e, args=(x,), ty=self.broadcast([ty], e.fn, e.pos))
-
-    def call_elementwise(self, e: ir.Call, spec: Builtin) -> ir.Expr:
-        args = self.typed_args(e)
-        types = [self.value_type(a, e.fn) for a in args]
-        if any(t.elem == "bool" for t in types):
-            raise self.err(f"{e.fn} needs numbers, not bool", e.pos)
-        assert spec.operand is not None
-        try:
-            operand = spec.operand(types)
-        except RuleError as exc:
-            raise self.err(str(exc), e.pos) from None
-        elem = spec.result_of(operand)
-        literal = all(t.literal for t in types) and elem != "bool"
-        ty = self.broadcast(types, elem, e.pos, literal)
-        return dataclasses.replace(e, args=args, ty=ty, operand_ty=Type.scalar(operand))
-
-    def array_arg(self, x: ir.Expr, what: str, packed: bool = False) -> Type:
-        assert x.ty is not None
-        kinds = ("array", "packed") if packed else ("array",)
-        if x.ty.kind not in kinds:
-            raise self.err(f"{what} needs an array, not {x.ty}", x.pos)
-        return x.ty
-
-    def scalar_arg(self, x: ir.Expr, what: str, ints: bool = False) -> Type:
-        assert x.ty is not None
-        if x.ty.kind != "scalar" or (ints and not is_int(x.ty.elem)):
-            kind = "an integer" if ints else "a number"
-            raise self.err(f"{what} needs {kind}, not {x.ty}", x.pos)
-        return x.ty
-
-    def const_kwarg(self, e: ir.Call, key: str, default: Any, ints: bool = True) -> Any:
-        raw = e.kwarg(key)
-        if raw is None:
-            return default
-        value = self.const_value(self.expr(raw))
-        if ints and (isinstance(value, bool) or not isinstance(value, int)):
-            raise self.err(f"{key}= must be a constant integer", raw.pos)
-        return value
-
     def const_value(self, x: ir.Expr) -> Any:
         """Evaluate a constant expression (literals and parameters)."""
         try:
@@ -329,170 +287,6 @@ class _Checker:
         except KeyError:
             raise self.err("this must be a constant (literals and params only)", x.pos) \
                 from None
-
-    def call_size(self, e: ir.Call) -> ir.Expr:
-        (a,) = self.typed_args(e)
-        self.array_arg(a, "size", packed=True)
-        return dataclasses.replace(e, args=(a,), ty=_U32)
-
-    def call_iota(self, e: ir.Call) -> ir.Expr:
-        (k,) = self.typed_args(e)
-        self.scalar_arg(k, "iota", ints=True)
-        return dataclasses.replace(e, args=(k,), ty=Type.array("u32", self.length_of_scalar(k)))
-
-    def call_map(self, e: ir.Call) -> ir.Expr:
-        arrays = tuple(self.expr(a) for a in e.args[:-1])
-        types = [self.array_arg(a, "map") for a in arrays]
-        for t in types[1:]:
-            self.same_length(types[0], t, e.pos)
-        lam = self.lambda_body(e.args[-1], tuple(types), "map")
-        assert lam.ty is not None
-        ty = Type.array(lam.ty.elem, types[0].length)  # type: ignore[arg-type]
-        return dataclasses.replace(e, args=arrays + (lam,), ty=ty)
-
-    def key_lambda(self, e: ir.Call, elem: str) -> ir.Lambda | None:
-        key = e.kwarg("key")
-        if key is None:
-            return None
-        return self.lambda_body(key, (Type.scalar(elem),), f"{e.fn}'s key")
-
-    @staticmethod
-    def with_key(e: ir.Call, key: ir.Lambda | None) -> tuple[tuple[str, ir.Expr], ...]:
-        """``e``'s keyword arguments with ``key`` replaced by its checked lambda."""
-        kwargs = tuple((k, v) for k, v in e.kwargs if k != "key")
-        return kwargs + ((("key", key),) if key is not None else ())
-
-    def call_reduce(self, e: ir.Call) -> ir.Expr:
-        a = self.expr(e.args[0])
-        at = self.array_arg(a, "reduce")
-        op = e.args[1]
-        if not isinstance(op, ir.Var) or op.name not in _REDUCE_OPS:
-            raise self.err("reduce's operator must be sum, max or min", op.pos)
-        key = self.key_lambda(e, at.elem)
-        elem = key.ty.elem if key is not None and key.ty is not None else at.elem
-        if op.name == "sum":
-            out = "f32" if elem in FLOATS else ("i32" if elem == "i32" else "u32")
-        else:
-            if elem == "bool":
-                raise self.err(f"reduce {op.name} needs numbers, not bool", e.pos)
-            out = promote_one(elem) if elem in FLOATS else elem
-        kwargs = (("key", key),) if key is not None else ()
-        return dataclasses.replace(
-            e, args=(a, op), kwargs=kwargs, ty=Type.scalar(out), operand_ty=Type.scalar(elem)
-        )
-
-    def index_flag(self, e: ir.Call) -> bool:
-        raw = e.kwarg("index")
-        if raw is None:
-            return False
-        if not isinstance(raw, ir.Const) or not isinstance(raw.value, bool):
-            raise self.err("index= must be true or false", raw.pos)
-        return raw.value
-
-    def indexed_result(self, e: ir.Call, elem: str, length: Length, index: bool) -> Type:
-        values = Type.array(elem, length)
-        if not index:
-            return values
-        return Type("tuple", items=(Type.array("u32", length), values))
-
-    def call_filter(self, e: ir.Call) -> ir.Expr:
-        a = self.expr(e.args[0])
-        at = self.array_arg(a, "filter")
-        pred = self.lambda_body(e.args[1], (at,), "filter")
-        if pred.ty is None or pred.ty.elem != "bool":
-            raise self.err("filter's predicate must give a bool", e.args[1].pos)
-        ty = self.indexed_result(e, at.elem, self.fresh_length("filter", e.pos),
-                                 self.index_flag(e))
-        return dataclasses.replace(e, args=(a, pred), ty=ty)
-
-    def call_sort(self, e: ir.Call) -> ir.Expr:
-        a = self.expr(e.args[0])
-        at = self.array_arg(a, "sort")
-        key = self.key_lambda(e, at.elem)
-        desc = e.kwarg("descending")
-        if desc is not None and not (isinstance(desc, ir.Const) and isinstance(desc.value, bool)):
-            raise self.err("descending= must be true or false", desc.pos)
-        ty = self.indexed_result(e, at.elem, at.length, self.index_flag(e))  # type: ignore
-        return dataclasses.replace(e, args=(a,), kwargs=self.with_key(e, key), ty=ty)
-
-    def call_topk(self, e: ir.Call) -> ir.Expr:
-        a, k = self.expr(e.args[0]), self.expr(e.args[1])
-        at = self.array_arg(a, "topk")
-        self.scalar_arg(k, "topk's k", ints=True)
-        key = self.key_lambda(e, at.elem)
-        length = self.fresh_length("topk", e.pos)
-        ty = self.indexed_result(e, at.elem, length, self.index_flag(e))
-        return dataclasses.replace(e, args=(a, k), kwargs=self.with_key(e, key), ty=ty)
-
-    def random_stream(self, e: ir.Call) -> int:
-        if self.lambda_env is None:
-            raise self.err(
-                f"{e.fn}() draws one number per element; call it inside a map lambda", e.pos
-            )
-        explicit = self.const_kwarg(e, "stream", None)
-        if explicit is not None:
-            if not 0 <= explicit < 2**16:
-                raise self.err("stream= must be in 0..65535", e.pos)
-            return int(explicit)
-        self.stream += 1
-        return 2**16 + self.stream - 1  # automatic streams never collide with explicit ones
-
-    def call_random(self, e: ir.Call) -> ir.Expr:
-        stream = self.random_stream(e)
-        return dataclasses.replace(e, kwargs=(), ty=Type.scalar("f32"), stream=stream)
-
-    def call_randint(self, e: ir.Call) -> ir.Expr:
-        stream = self.random_stream(e)
-        (hi,) = self.typed_args(e)
-        self.scalar_arg(hi, "randint", ints=True)
-        return dataclasses.replace(e, args=(hi,), kwargs=(), ty=_U32, stream=stream)
-
-    def call_gather(self, e: ir.Call) -> ir.Expr:
-        a, idx = self.typed_args(e)
-        at, it = self.array_arg(a, "gather"), self.array_arg(idx, "gather's indices")
-        if not is_int(it.elem):
-            raise self.err(f"gather's indices must be integers, not {it}", idx.pos)
-        return dataclasses.replace(e, args=(a, idx), ty=Type.array(at.elem, it.length))  # type: ignore
-
-    def call_scatter(self, e: ir.Call) -> ir.Expr:
-        idx, vals, n = self.typed_args(e)
-        it, vt = self.array_arg(idx, "scatter's indices"), self.array_arg(vals, "scatter")
-        if not is_int(it.elem):
-            raise self.err(f"scatter's indices must be integers, not {it}", idx.pos)
-        if vt.elem == "bool":
-            raise self.err("scatter needs numeric values, not bool", vals.pos)
-        self.same_length(it, vt, e.pos)
-        self.scalar_arg(n, "scatter's size", ints=True)
-        ty = Type.array(vt.elem, self.length_of_scalar(n))
-        return dataclasses.replace(e, args=(idx, vals, n), ty=ty)
-
-    def call_pack(self, e: ir.Call) -> ir.Expr:
-        (a,) = self.typed_args(e)
-        at = self.array_arg(a, "pack")
-        if not (is_int(at.elem) or at.elem == "bool"):
-            raise self.err(f"pack needs integers or bools, not {at}; cast with u8(...)", a.pos)
-        if e.kwarg("bits") is None:
-            raise self.err("pack needs bits=1, 2, 4 or 8", e.pos)
-        bits = self.const_kwarg(e, "bits", 8)
-        if bits not in PACKED_BITS:
-            raise self.err(f"pack's bits must be 1, 2, 4 or 8, not {bits}", e.kwarg("bits").pos)  # type: ignore[union-attr]
-        ty = Type("packed", "u8", at.length, bits=bits)
-        return dataclasses.replace(e, args=(a,), kwargs=(), ty=ty)
-
-    def call_unpack(self, e: ir.Call) -> ir.Expr:
-        (a,) = self.typed_args(e)
-        at = self.array_arg(a, "unpack", packed=True)
-        if at.kind != "packed":
-            raise self.err(f"unpack needs a packed array, not {at}", a.pos)
-        return dataclasses.replace(e, args=(a,), ty=Type.array("u8", at.length))  # type: ignore
-
-    def call_concat(self, e: ir.Call) -> ir.Expr:
-        raise self.err("concat builds the payload: use it only as 'return concat(...)' in "
-                       "encode", e.pos)
-
-    def call_extract(self, e: ir.Call) -> ir.Expr:
-        raise self.err("extract reads the payload: use it only as 'let a, b = extract(p)' "
-                       "in decode", e.pos)
 
     # -- statements -----------------------------------------------------------------------
     def bind(self, name: str, ty: Type, pos: Pos) -> None:
@@ -655,7 +449,7 @@ def section_type_in_decode(section: ir.Section) -> Type:
     return ty
 
 
-def _signature_error(checker: _Checker, fn: ir.Function) -> None:
+def _signature_error(checker: Checker, fn: ir.Function) -> None:
     want = {
         "encode": "encode(g: f32[]) -> bytes",
         "decode": "decode(p: bytes, n: u32) -> f32[n]",
@@ -673,7 +467,7 @@ def _signature_error(checker: _Checker, fn: ir.Function) -> None:
         raise checker.err(f"{fn.name} must be declared as '{want}'", fn.pos)
 
 
-def _coerce_param(checker: _Checker, param: ir.Param, value: Any, pos: Pos | None) -> Any:
+def _coerce_param(checker: Checker, param: ir.Param, value: Any, pos: Pos | None) -> Any:
     elem = param.ty.elem
     if elem == "bool":
         if not isinstance(value, bool):
@@ -719,7 +513,7 @@ def check(
         ConfigError: on an unknown or ill-typed parameter, or a failed ``require``.
     """
     overrides = dict(overrides or {})
-    checker = _Checker(smap, name, {})
+    checker = Checker(smap, name, {})
     params: list[ir.Param] = []
     requires: list[ir.Require] = []
     funcs: dict[str, ir.Function] = {}

@@ -5,15 +5,14 @@ element ``self.index`` of an array. It owns the operator table: typed literals,
 CompLL's conversions, arithmetic with C's wrapping rules, the builtins, and the lazy
 array operators (``map``, ``gather``, ``unpack``, ``iota``, ``random``). Expressions
 made only of literals and parameters are folded by the interpreter; subexpressions that
-are the same for every element are hoisted out of loops. ``compll.render`` adds
-statements, fused passes and the targets.
+are the same for every element are hoisted out of loops. ``compll.render`` walks the
+schedule (``compll.schedule``) with it: statements, fused passes and the targets.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,22 +21,14 @@ from .builtins import BUILTINS, Kind
 from .constants import MAX_STAGED
 from .diagnostics import BuildError
 from .interpreter import cast, eval_constant
-from .lower import lower
+from .schedule import ArrayInfo, Extent, extent_of
 from .typing_rules import arith_elem, promote_one
 
-__all__ = ["ExprRenderer", "MAX_STAGED", "operands"]
+__all__ = ["ExprRenderer", "MAX_STAGED"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARITH = {"+": "add", "-": "sub", "*": "mul"}
 _SCALAR_FNS = (Kind.CAST, Kind.ELEMENTWISE)
-
-
-@dataclass
-class _Array:
-    kind: str  # "lazy" (a lambda a_NAME), "packed" (bytes pk_NAME + count)
-    elem: str
-    length: str  # a C expression for the element count
-    value: ir.Expr | None = None  # what a lazy array computes; None: a plain load
 
 
 class ExprRenderer:
@@ -51,21 +42,14 @@ class ExprRenderer:
              "u8": "uint8_t", "bool": "bool"}
 
     def __init__(self, program: ir.Program) -> None:
-        self.program = lower(program)
+        self.program = program
         self.lines: list[str] = []
-        self.arrays: dict[str, _Array] = {}
+        self.arrays: dict[str, ArrayInfo] = {}  # the kernel's arrays
         self.scalars: dict[str, str] = {}  # DSL name -> C name
         self.lambda_vars: dict[str, str] = {}
         self.index: str | None = None  # the element index inside a map or key lambda
         self.streams: set[int] = set()
         self.uid = 0
-        self.decoding = False
-        self.deps: dict[str, set[str]] = {}
-        self.pass_len: str | None = None
-        self.pass_ops: list[str] = []
-        self.deferred: list[str] = []
-        self.pending: set[str] = set()
-        self.deferred_names: set[str] = set()
         self.pass_stage: list[tuple[str, int]] = []  # packed arrays the open pass stages
         self.stage_index: str | None = None  # the index of a staged element lambda
         self.hoisted: list[str] = []  # uniform values the next statement computes first
@@ -168,7 +152,7 @@ class ExprRenderer:
                 return locals_ok
             return BUILTINS[e.fn].kind in _SCALAR_FNS and \
                 all(self.invariant(a, locals_ok) for a in e.args)
-        return all(self.invariant(c, locals_ok) for c in operands(e))
+        return all(self.invariant(c, locals_ok) for c in ir.operands(e))
 
     def expr(self, e: ir.Expr) -> str:
         """Render a scalar, or element ``self.index`` of an array."""
@@ -345,31 +329,22 @@ class ExprRenderer:
 
     def length(self, e: ir.Expr) -> str:
         """A C expression for the element count of an array-valued expression."""
-        if isinstance(e, ir.Var):
-            if e.name not in self.arrays:
-                raise BuildError(f"{e.name!r} is not an array")
-            return self.arrays[e.name].length
-        if isinstance(e, ir.Call):
-            if e.fn == "iota":
-                return f"(uint64_t)std::max<int64_t>(0, (int64_t)({self.expr(e.args[0])}))"
-            if e.fn == "gather":
-                return self.length(e.args[1])
-            if e.fn in ("map", "unpack", "pack") or e.fn in self.types or e.operand_ty is not None:
-                for a in e.args:
-                    if a.ty is not None and a.ty.kind in ("array", "packed"):
-                        return self.length(a)
-        if isinstance(e, (ir.Unary, ir.Binary, ir.Select)):
-            for a in operands(e):
-                if a.ty is not None and a.ty.kind == "array":
-                    return self.length(a)
-        raise BuildError(f"cannot tell the length of {type(e).__name__}")
+        try:
+            return self.extent(extent_of(e, self.arrays))
+        except KeyError as exc:
+            raise BuildError(str(exc.args[0])) from None
 
-
-def operands(e: ir.Expr) -> list[ir.Expr]:
-    if isinstance(e, ir.Unary):
-        return [e.operand]
-    if isinstance(e, ir.Binary):
-        return [e.left, e.right]
-    if isinstance(e, ir.Select):
-        return [e.cond, e.then, e.other]
-    return []
+    def extent(self, x: Extent) -> str:
+        if x.kind == "n":
+            return "n"
+        if x.kind == "buffer":
+            return f"a_{self.safe(x.name)}_len"
+        if x.kind == "packed":
+            return f"pk_{self.safe(x.name)}_len"
+        if x.kind == "section":
+            return f"cnt[{x.index}]"
+        if x.kind == "blocks":
+            assert x.base is not None
+            return f"hp::blocks({self.extent(x.base)}, {x.block})"
+        assert x.kind == "iota" and x.count is not None
+        return f"(uint64_t)std::max<int64_t>(0, (int64_t)({self.expr(x.count)}))"

@@ -35,20 +35,24 @@ class Pos:
 class Length:
     """The symbolic length of an array.
 
-    ``kind`` is ``"n"`` (the tensor length), ``"const"`` (``value`` elements) or
-    ``"sym"``: a length computed at run time, identified by ``name``. Two arrays
+    ``kind`` is ``"n"`` (the tensor length), ``"const"`` (``value`` elements),
+    ``"blocks"`` (one element per block of ``value`` elements of ``base``) or ``"sym"``:
+    a length computed at run time, identified by ``name``. Two arrays
     may be combined elementwise only when their lengths are equal.
     """
 
     kind: str
-    value: int = 0
+    value: int = 0  # "const": the count; "blocks": the block size (0: one block)
     name: str = ""
+    base: Length | None = None  # "blocks": the length cut into blocks
 
     def __str__(self) -> str:
         if self.kind == "n":
             return "n"
         if self.kind == "const":
             return str(self.value)
+        if self.kind == "blocks":
+            return f"ceil({self.base} / {self.value})" if self.value else "1"
         return self.name
 
 

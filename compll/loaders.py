@@ -34,8 +34,7 @@ from hipress_errors import ConfigError, HiPressError, PayloadError
 from . import ir
 from .build import Artifact, build
 from .constants import FEEDBACK, SCALE_SUM
-from .payload import algorithm_id, header_size
-from .typing_rules import ITEMSIZE
+from .payload import algorithm_id, fixed_count, header_size, size_rule
 
 __all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint",
            "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK", "SCALE_SUM"]
@@ -56,13 +55,12 @@ def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
     total = header_size(len(program.layout))
     for section in program.layout:
         ty = section.ty
-        if ty.kind == "scalar":
-            size = ITEMSIZE[ty.elem]
-        else:
+        count = 1
+        if ty.kind != "scalar":
             assert ty.length is not None
-            count = {"n": n, "const": ty.length.value}.get(ty.length.kind, dynamic_elems)
-            size = (count * ty.bits + 7) // 8 if ty.kind == "packed" else count * ITEMSIZE[ty.elem]
-        total += (size + 7) // 8 * 8
+            fixed = fixed_count(ty.length, n)
+            count = dynamic_elems if fixed is None else fixed
+        total += (size_rule(ty).bytes(count) + 7) // 8 * 8
     return total
 
 

@@ -29,11 +29,11 @@ import numpy as np
 from hipress_errors import PayloadError
 
 from .constants import ALIGN, HEADER_SIZE, MAGIC, VERSION
-from .ir import Program, Section
+from .ir import Length, Program, Section, Type
 from .typing_rules import ITEMSIZE
 
-__all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "algorithm_id", "build", "parse",
-           "header_size", "section_count", "framed_size"]
+__all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "SizeRule", "algorithm_id", "build",
+           "parse", "header_size", "section_count", "framed_size", "fixed_count", "size_rule"]
 
 _HEAD = struct.Struct("<2sBBIQII")
 
@@ -45,6 +45,44 @@ class Header:
     seed: int
     step: int
     sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SizeRule:
+    """A section's bytes from its element count: ``ceil(count * bits / 8)``. The one
+    definition: Python sizes and checks payloads with ``bytes``, the kernels with the C
+    expression ``c`` renders."""
+
+    bits: int
+
+    def bytes(self, count: int) -> int:
+        return (count * self.bits + 7) // 8
+
+    def c(self, count: str) -> str:
+        if self.bits % 8 == 0:
+            return f"({count}) * {self.bits // 8}"
+        return f"(({count}) * {self.bits} + 7) / 8"
+
+
+def size_rule(ty: Type) -> SizeRule:
+    """The size rule of a section of type ``ty`` (a scalar holds one element)."""
+    return SizeRule(ty.bits if ty.kind == "packed" else 8 * ITEMSIZE[ty.elem])
+
+
+def fixed_count(length: Length, n: int) -> int | None:
+    """Elements of a section of ``length`` for a tensor of ``n``; None when the count is
+    known only at run time (the renderer's ``fixed_count`` is the same rule in C)."""
+    if length.kind == "n":
+        return n
+    if length.kind == "const":
+        return length.value
+    if length.kind == "blocks":
+        assert length.base is not None
+        base = fixed_count(length.base, n)
+        if base is None:
+            return None
+        return -(-base // length.value) if length.value else 1
+    return None
 
 
 def algorithm_id(program: Program) -> int:
@@ -106,29 +144,23 @@ def framed_size(buf: np.ndarray) -> int:
 def section_count(section: Section, size: int, n: int) -> int:
     """Elements in a section of ``size`` bytes, or PayloadError if the size is wrong."""
     ty = section.ty
-    length = ty.length
+    rule = size_rule(ty)
     if ty.kind == "scalar":
-        want = ITEMSIZE[ty.elem]
+        want = rule.bytes(1)
         if size != want:
             raise PayloadError(f"a {ty.elem} section must be {want} bytes, not {size}")
         return 1
-    assert length is not None
-    fixed = n if length.kind == "n" else (length.value if length.kind == "const" else None)
-    if ty.kind == "packed":
-        assert fixed is not None  # the checker allows only fixed-length packed sections
-        want = (fixed * ty.bits + 7) // 8
-        if size != want:
-            raise PayloadError(
-                f"a u{ty.bits}[{fixed}] section must be {want} bytes, not {size}"
-            )
-        return fixed
-    item = ITEMSIZE[ty.elem]
+    assert ty.length is not None
+    fixed = fixed_count(ty.length, n)
     if fixed is not None:
-        if size != fixed * item:
+        what = f"u{ty.bits}" if ty.kind == "packed" else ty.elem
+        if size != rule.bytes(fixed):
             raise PayloadError(
-                f"a {ty.elem}[{fixed}] section must be {fixed * item} bytes, not {size}"
+                f"a {what}[{fixed}] section must be {rule.bytes(fixed)} bytes, not {size}"
             )
         return fixed
+    assert ty.kind != "packed"  # the checker allows only fixed-length packed sections
+    item = ITEMSIZE[ty.elem]
     if size % item:
         raise PayloadError(f"a {ty.elem} array section of {size} bytes is not whole elements")
     return size // item

@@ -73,8 +73,7 @@ HP_FN T hp_sel(bool c, T a, T b) {
 // range for the conversion, so they vectorise without branches.
 HP_FN int32_t hp_f2i32(float x) {
   // NaN and out-of-range values become 0 before the conversion, so it only ever sees
-  // values in range; the saturated ends are selected afterwards (cheaper than clamping
-  // first: qsgd's second pass ran 15% faster).
+  // values in range; the saturated ends are selected afterwards (cheaper than clamping).
   const int32_t t = (int32_t)(x > -2147483648.0f && x < 2147483648.0f ? x : 0.0f);
   return x >= 2147483648.0f ? 2147483647 : (x <= -2147483648.0f ? (int32_t)0x80000000 : t);
 }

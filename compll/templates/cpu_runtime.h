@@ -148,9 +148,8 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 //
 // DIRECT (the renderer's choice, for element functions of loads, +, -, *, comparisons,
 // abs and selects) fills each vector from f itself, 8 calls the compiler turns into vector
-// operations: without the staging buffer's store and reload a pass over memory ran 10 to
-// 25 % faster. Other functions (the RNG, casts, divisions) only vectorise as a loop, so
-// they are staged.
+// operations, and saves the staging buffer's store and reload. Other functions (the RNG,
+// casts, divisions) only vectorise as a loop, so they are staged.
 template <class F, bool DIRECT>
 struct SumF32 {
   F f;
@@ -510,8 +509,7 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
       uint64_t cnt = 0;
       // The predicate of 64 elements at a time into bytes (a loop that vectorises); only
       // a group with a kept element is compacted, branch-free: always write, advance if
-      // kept. Sparse selections (dgc, top-k candidates) skip nearly every group: their
-      // pass ran 2.8x faster than compacting every element.
+      // kept. Sparse selections (dgc, top-k candidates) skip nearly every group.
       alignas(64) uint8_t keep[64];
       uint32_t i = (uint32_t)lo;
       const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
@@ -582,8 +580,8 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
     const double thr = topk_threshold(s, k, len);
     if (thr == thr) {
       std::vector<uint32_t> picked;
-      // thr is one of the sampled keys, so a float key compares exactly as a float (a
-      // conversion to double per element made this pass a third slower).
+      // thr is one of the sampled keys, so a float key compares exactly as a float (no
+      // conversion to double per element).
       using KeyT = decltype(key(0));
       if constexpr (std::is_same_v<KeyT, float>) {
         const float t = (float)thr;

@@ -1,0 +1,404 @@
+"""The scheduled loop IR: a kernel as the statements and fused passes it runs.
+
+A ``Kernel`` (encode's or decode's) is a list of ``Item``s: scalar and lazy-array lets,
+``Pass``es (one loop over an ``Extent`` running several ``LoopOp``s: sums, extremes,
+stores, packs, the residual add, the output write), barrier operators (filter, sort,
+topk, scatter, pack, block reductions) and the payload's section writes and reads.
+``compll.scheduling`` builds it from a lowered program, the renderer (``compll.render``)
+walks it, and the targets only choose ``Options``. ``HIPRESS_DUMP=schedule`` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from . import ir
+from .builtins import BUILTINS, Kind
+from .ir import show
+
+__all__ = ["Options", "Extent", "ArrayInfo", "Kernel", "Item", "LoopOp", "Pass", "Scalar",
+           "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce", "AddResidual",
+           "EncodeInput", "PayloadSizes", "ScalarSection", "PackedSection", "CheckSections",
+           "BindSections", "ScatterOut", "Return", "Sum", "Extreme", "MinMax", "Store",
+           "PackStore", "AddResidualOp", "WriteOut", "N", "extent_of", "shape", "calls",
+           "format_kernel"]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a target's runtime offers the schedule."""
+
+    #: float reductions of ``cheap`` element functions evaluate straight into registers
+    direct_reductions: bool = False
+    #: a min and a max of the same elements in one pass may run as one ``MinMax``
+    merged_extremes: bool = False
+
+
+# -- extents and arrays -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Extent:
+    """An element count: ``n``; a buffer's (``name``); a packed let's; payload section
+    ``index``'s; ``max(0, count)`` of an iota; or ``ceil(base / block)`` blocks."""
+
+    kind: str  # "n", "buffer", "packed", "section", "iota", "blocks"
+    name: str = ""
+    index: int = 0
+    count: ir.Expr | None = field(default=None, compare=False)
+    key: object = None  # the count's shape: two iotas of one count have one extent
+    base: Extent | None = None
+    block: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "n":
+            return "n"
+        if self.kind == "iota":
+            assert self.count is not None
+            return f"iota({show(self.count)})"
+        if self.kind == "section":
+            return f"section{self.index}"
+        if self.kind == "blocks":
+            return f"blocks({self.base}, {self.block})"
+        return f"len({self.name})"
+
+
+N = Extent("n")
+
+
+@dataclass(frozen=True)
+class ArrayInfo:
+    """An array name: ``lazy`` (evaluated per element) or ``packed`` (bits in a buffer)."""
+
+    kind: str
+    elem: str
+    extent: Extent
+    value: ir.Expr | None = None  # what a lazy array computes; None: a plain load
+    buffer: bool = False  # a barrier's output, read from memory
+
+
+def extent_of(e: ir.Expr, arrays: dict[str, ArrayInfo]) -> Extent:
+    """The element count of an array-valued expression."""
+    if isinstance(e, ir.Var):
+        if e.name not in arrays:
+            raise KeyError(f"{e.name!r} is not an array")
+        return arrays[e.name].extent
+    if isinstance(e, ir.Call):
+        if e.fn == "iota":
+            return Extent("iota", count=e.args[0], key=shape(e.args[0]))
+        if e.fn == "gather":
+            return extent_of(e.args[1], arrays)
+        if e.fn == "expand":
+            inner = extent_of(e.args[0], arrays)
+            assert inner.kind == "blocks" and inner.base is not None
+            return inner.base
+        spec = BUILTINS[e.fn]
+        if e.fn in ("map", "unpack", "pack") or spec.kind in (Kind.CAST, Kind.ELEMENTWISE):
+            for a in e.args:
+                if a.ty is not None and a.ty.kind in ("array", "packed"):
+                    return extent_of(a, arrays)
+    if isinstance(e, (ir.Unary, ir.Binary, ir.Select)):
+        for a in ir.operands(e):
+            if a.ty is not None and a.ty.kind == "array":
+                return extent_of(a, arrays)
+    raise KeyError(f"cannot tell the length of {type(e).__name__}")
+
+
+# -- loop ops -----------------------------------------------------------------------------------
+
+@dataclass
+class Sum:
+    """``out = sum(key(array[i]))`` (``operand``: the element type summed)."""
+
+    out: str
+    array: ir.Expr
+    key: ir.Lambda | None
+    operand: str
+    elem: str  # the result's type
+    direct: bool = False
+
+
+@dataclass
+class Extreme:
+    """``out = max`` (or ``min``) of ``key(array[i])``."""
+
+    out: str
+    kind: str  # "max" or "min"
+    array: ir.Expr
+    key: ir.Lambda | None
+    operand: str
+    elem: str
+    direct: bool = False
+
+
+@dataclass
+class MinMax:
+    """A float min and max of the same elements, evaluated once."""
+
+    lo: str
+    hi: str
+    array: ir.Expr
+    key: ir.Lambda | None
+    direct: bool = False
+
+
+@dataclass
+class Store:
+    """Payload section ``section`` gets ``value[i]`` as ``elem``."""
+
+    section: int
+    value: ir.Expr
+    elem: str
+
+
+@dataclass
+class PackStore:
+    """Payload section ``section`` gets ``value[i]`` packed in ``bits`` bits."""
+
+    section: int
+    value: ir.Expr
+    elem: str
+    bits: int
+
+
+@dataclass
+class AddResidualOp:
+    """Error feedback's ``r[i] += g[i]`` before the pass's other ops read element i."""
+
+
+@dataclass
+class WriteOut:
+    """decode's output: ``out[i] = value[i]`` (or adds, scales, feeds back)."""
+
+    value: ir.Expr
+
+
+LoopOp = Sum | Extreme | MinMax | Store | PackStore | AddResidualOp | WriteOut
+
+
+# -- items --------------------------------------------------------------------------------------
+
+@dataclass
+class Pass:
+    """One loop over ``extent`` running ``ops`` element by element."""
+
+    extent: Extent
+    ops: list[LoopOp]
+
+
+@dataclass
+class Scalar:
+    name: str
+    value: ir.Expr
+    elem: str
+
+
+@dataclass
+class Lazy:
+    """An array evaluated per element where it is read (elementwise chains fuse)."""
+
+    name: str
+    value: ir.Expr
+
+
+@dataclass
+class Selection:
+    """filter, sort or topk: index (when ``index``) and value buffers."""
+
+    names: tuple[str, ...]
+    call: ir.Call
+    index: bool
+
+
+@dataclass
+class Scatter:
+    """``name = scatter(...)`` into a zeroed buffer; indices checked when decoding."""
+
+    name: str
+    call: ir.Call
+    checked: bool
+
+
+@dataclass
+class PackLet:
+    """``name = pack(...)``: the bits of a whole array in a buffer."""
+
+    name: str
+    call: ir.Call
+
+
+@dataclass
+class BlockReduce:
+    """``name = reduce(array, op, key=, block=B)``: one value per block of ``block``
+    elements; ``other`` names the opposite extreme of the same blocks where a min and a
+    max run together."""
+
+    name: str
+    op: str
+    array: ir.Expr
+    key: ir.Lambda | None
+    operand: str
+    elem: str
+    block: int
+    other: str = ""
+
+
+@dataclass
+class AddResidual:
+    """Error feedback's ``r += g`` as a loop of its own."""
+
+
+@dataclass
+class EncodeInput:
+    """encode's argument: the gradient, or with a residual the sum r + g."""
+
+    name: str
+
+
+@dataclass
+class PayloadSizes:
+    """The sections' sizes, the capacity check and the header; ``residual_on_retry``: the
+    caller retries on r alone when the payload does not fit, so r must hold r + g."""
+
+    sections: list[tuple[ir.Expr, ir.Section]]
+    residual_on_retry: bool = False
+
+
+@dataclass
+class ScalarSection:
+    section: int
+    value: ir.Expr
+    elem: str
+
+
+@dataclass
+class PackedSection:
+    """A packed let copied into its section."""
+
+    section: int
+    name: str
+
+
+@dataclass
+class CheckSections:
+    """decode's validation of the header and every section's size."""
+
+
+@dataclass
+class BindSections:
+    names: tuple[str, ...]
+
+
+@dataclass
+class ScatterOut:
+    """decode's output as a scatter straight into ``out``."""
+
+    call: ir.Call
+
+
+@dataclass
+class Return:
+    pass
+
+
+Item = (Pass | Scalar | Lazy | Selection | Scatter | PackLet | BlockReduce | AddResidual
+        | EncodeInput | PayloadSizes | ScalarSection | PackedSection | CheckSections
+        | BindSections | ScatterOut | Return)
+
+
+@dataclass
+class Kernel:
+    """One function's schedule and the names it defines."""
+
+    fn: str  # "encode" or "decode"
+    items: list[Item]
+    arrays: dict[str, ArrayInfo]
+    scalars: dict[str, str]  # name -> element type
+    size_arg: str = ""  # decode's n
+
+    def __str__(self) -> str:
+        return format_kernel(self)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+def shape(node: object) -> object:
+    """An IR node's structure without source positions and types: two reductions over
+    the same elements have the same shape."""
+    if isinstance(node, (list, tuple)):
+        return tuple(shape(x) for x in node)
+    if dataclasses.is_dataclass(node):
+        return (type(node).__name__, *(shape(getattr(node, f.name))
+                                       for f in dataclasses.fields(node)
+                                       if f.name not in ("pos", "ty", "operand_ty",
+                                                         "param_types", "annotation_pos")))
+    return node
+
+
+def calls(node: object, fn: str) -> bool:
+    """Whether any call of ``fn`` appears in an IR node (or a list of nodes)."""
+    if isinstance(node, ir.Call) and node.fn == fn:
+        return True
+    if isinstance(node, (list, tuple)):
+        return any(calls(x, fn) for x in node)
+    if dataclasses.is_dataclass(node):
+        return any(calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
+    return False
+
+
+def _show_op(op: LoopOp) -> str:
+    if isinstance(op, (Sum, Extreme)):
+        what = "sum" if isinstance(op, Sum) else op.kind
+        key = f", key={show(op.key)}" if op.key is not None else ""
+        direct = " direct" if op.direct else ""
+        return f"{op.out} = {what}({show(op.array)}{key}){direct}"
+    if isinstance(op, MinMax):
+        key = f", key={show(op.key)}" if op.key is not None else ""
+        return f"{op.lo}, {op.hi} = minmax({show(op.array)}{key}){' direct' if op.direct else ''}"
+    if isinstance(op, Store):
+        return f"section{op.section} <- {op.elem} {show(op.value)}"
+    if isinstance(op, PackStore):
+        return f"section{op.section} <- pack{op.bits} {show(op.value)}"
+    if isinstance(op, AddResidualOp):
+        return "r += g"
+    return f"out <- {show(op.value)}"
+
+
+def _show_item(item: Item) -> list[str]:
+    if isinstance(item, Pass):
+        return [f"pass over {item.extent}:"] + [f"    {_show_op(op)}" for op in item.ops]
+    if isinstance(item, (Scalar, Lazy)):
+        return [f"let {item.name} = {show(item.value)}"]
+    if isinstance(item, (Selection, PackLet, Scatter)):
+        names = ", ".join(item.names) if isinstance(item, Selection) else item.name
+        return [f"barrier {names} = {show(item.call)}"]
+    if isinstance(item, BlockReduce):
+        names = f"{item.name}, {item.other}" if item.other else item.name
+        key = f", key={show(item.key)}" if item.key is not None else ""
+        what = "minmax" if item.other else item.op
+        return [f"barrier {names} = block {what}({show(item.array)}{key}, block={item.block})"]
+    if isinstance(item, AddResidual):
+        return ["r += g"]
+    if isinstance(item, EncodeInput):
+        return [f"input {item.name}"]
+    if isinstance(item, PayloadSizes):
+        retry = " (a retry holds r + g)" if item.residual_on_retry else ""
+        return [f"payload: {len(item.sections)} sections{retry}"]
+    if isinstance(item, ScalarSection):
+        return [f"section{item.section} <- {item.elem} {show(item.value)}"]
+    if isinstance(item, PackedSection):
+        return [f"section{item.section} <- {item.name}"]
+    if isinstance(item, CheckSections):
+        return ["check payload"]
+    if isinstance(item, BindSections):
+        return [f"sections {', '.join(item.names)}"]
+    if isinstance(item, ScatterOut):
+        return [f"out <- {show(item.call)}"]
+    return ["return"]
+
+
+def format_kernel(kernel: Kernel) -> str:
+    lines = [f"{kernel.fn}:"]
+    for item in kernel.items:
+        lines += ["  " + line for line in _show_item(item)]
+    return "\n".join(lines)

@@ -1,0 +1,419 @@
+"""Scheduling: from a lowered program to the loop IR of ``compll.schedule``.
+
+Three steps, each a function over the IR: ``_Builder`` writes every loop op as a pass of
+its own in program order; ``fuse`` joins independent loop ops over one extent into one
+pass (a statement that needs a pass's results waits after it); ``merge_extremes`` turns
+a float min and max of the same elements into one ``MinMax`` (``merge_block_extremes``
+does the same for block reductions); and ``place_residual`` puts error feedback's
+``r += g`` before the first read of ``g``, as the first op of a pass over ``n`` where it
+can.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from . import ir
+from .builtins import BUILTINS, Kind
+from .ir import FLOATS
+from .schedule import (
+    AddResidual,
+    AddResidualOp,
+    ArrayInfo,
+    BindSections,
+    BlockReduce,
+    CheckSections,
+    EncodeInput,
+    Extent,
+    Extreme,
+    Item,
+    Kernel,
+    Lazy,
+    LoopOp,
+    MinMax,
+    N,
+    Options,
+    PackedSection,
+    PackLet,
+    PackStore,
+    Pass,
+    PayloadSizes,
+    Return,
+    Scalar,
+    ScalarSection,
+    Scatter,
+    ScatterOut,
+    Selection,
+    Store,
+    Sum,
+    WriteOut,
+    calls,
+    extent_of,
+    shape,
+)
+
+__all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "place_residual"]
+
+
+# -- program order ------------------------------------------------------------------------------
+
+@dataclass
+class _Placed:
+    """An unfused item with what it reads and writes, for ``fuse``."""
+
+    item: Item
+    reads: set[str]
+    writes: set[str]
+    how: str  # "loop", "free" (may run early), "barrier", "after" (after every pass)
+
+
+class _Builder:
+    """Program order, one loop op per pass: the input of ``fuse``."""
+
+    def __init__(self, program: ir.Program, fn: ir.Function, options: Options) -> None:
+        self.program = program
+        self.options = options
+        self.fn = fn
+        self.params = dict(program.param_values)
+        self.arrays: dict[str, ArrayInfo] = {}
+        self.scalars: dict[str, str] = {}
+        self.deps: dict[str, set[str]] = {}
+        self.out: list[_Placed] = []
+
+    def deps_of(self, e: ir.Expr | None) -> set[str]:
+        """Names a value depends on, through lazy arrays and lambdas."""
+        if e is None:
+            return set()
+        if isinstance(e, ir.Var):
+            return {e.name} | self.deps.get(e.name, set())
+        if isinstance(e, ir.Lambda):
+            return self.deps_of(e.body) - set(e.params)
+        children: list[ir.Expr] = ir.operands(e)
+        if isinstance(e, ir.Call):
+            children = list(e.args) + [v for _, v in e.kwargs]
+        out: set[str] = set()
+        for child in children:
+            out |= self.deps_of(child)
+        return out
+
+    def put(self, item: Item, how: str, reads: set[str], writes: tuple[str, ...] = ()) -> None:
+        for name in writes:
+            self.deps[name] = set(reads)
+        self.out.append(_Placed(item, reads, set(writes), how))
+
+    def extent(self, e: ir.Expr) -> Extent:
+        return extent_of(e, self.arrays)
+
+    def cheap(self, e: ir.Expr, bound: frozenset[str] = frozenset()) -> bool:
+        """Whether ``e``'s elements are float loads joined by +, -, *, comparisons, abs
+        and selects: a reduction can evaluate those straight into vector registers."""
+        if isinstance(e, ir.Const):
+            return True
+        if isinstance(e, ir.Lambda):
+            return self.cheap(e.body, bound | set(e.params))
+        if e.ty is None or e.ty.elem not in ("f32", "bool"):
+            return False
+        if isinstance(e, ir.Var):
+            if e.name in bound or e.name in self.scalars or e.name in self.params:
+                return True
+            arr = self.arrays.get(e.name)
+            return (arr is not None and arr.kind == "lazy"
+                    and (arr.value is None or self.cheap(arr.value)))
+        if isinstance(e, (ir.Unary, ir.Binary)):
+            return e.op in _CHEAP_OPS and all(self.cheap(x, bound) for x in ir.operands(e))
+        if isinstance(e, ir.Select):
+            return all(self.cheap(x, bound) for x in ir.operands(e))
+        if isinstance(e, ir.Call):
+            return (e.fn in ("abs", "map") and not e.kwargs
+                    and all(self.cheap(x, bound) for x in e.args))
+        return False
+
+    def buffer(self, name: str, elem: str) -> None:
+        self.arrays[name] = ArrayInfo("lazy", elem, Extent("buffer", name), buffer=True)
+
+    # -- statements ---------------------------------------------------------------------------
+    def let(self, s: ir.Let) -> None:
+        value = s.value
+        assert value.ty is not None
+        if isinstance(value, ir.Call) and BUILTINS[value.fn].kind in (Kind.BARRIER, Kind.PACK):
+            getattr(self, "let_" + value.fn)(s, value)
+            return
+        (name,) = s.names
+        if value.ty.kind == "array":
+            self.arrays[name] = ArrayInfo("lazy", value.ty.elem, self.extent(value), value)
+            self.put(Lazy(name, value), "free", self.deps_of(value), (name,))
+            return
+        self.scalars[name] = value.ty.elem
+        self.put(Scalar(name, value, value.ty.elem), "free", self.deps_of(value), (name,))
+
+    def let_reduce(self, s: ir.Let, e: ir.Call) -> None:
+        (name,) = s.names
+        a, op = e.args
+        assert isinstance(op, ir.Var) and e.ty is not None and e.operand_ty is not None
+        key = e.kwarg("key")
+        assert key is None or isinstance(key, ir.Lambda)
+        operand = e.operand_ty.elem
+        deps = self.deps_of(e)
+        if e.ty.kind == "array":  # blockwise
+            self.buffer(name, e.ty.elem)
+            self.arrays[name] = dataclasses.replace(self.arrays[name],
+                                                    extent=Extent("blocks", base=self.extent(a),
+                                                                  block=_block(e)))
+            self.put(BlockReduce(name, op.name, a, key, operand, e.ty.elem, _block(e)),
+                     "barrier", deps, (name,))
+            return
+        out = e.ty.elem
+        self.scalars[name] = out
+        direct = (operand in FLOATS and self.options.direct_reductions and self.cheap(a)
+                  and (key is None or self.cheap(key)))
+        loop: LoopOp
+        if op.name == "sum":
+            loop = Sum(name, a, key, operand, out, direct)
+        else:
+            loop = Extreme(name, op.name, a, key, operand, out, direct)
+        self.put(Pass(self.extent(a), [loop]), "loop", deps, (name,))
+
+    def let_selection(self, s: ir.Let, e: ir.Call) -> None:
+        assert e.ty is not None and e.args[0].ty is not None
+        with_index = e.ty.kind == "tuple"
+        names = list(s.names)
+        self.buffer(names[-1], e.args[0].ty.elem)
+        if with_index:  # as long as the values: loops over both are one pass
+            self.arrays[names[0]] = ArrayInfo("lazy", "u32", Extent("buffer", names[-1]),
+                                              buffer=True)
+        self.put(Selection(s.names, e, with_index), "barrier", self.deps_of(e), s.names)
+
+    let_filter = let_sort = let_topk = let_selection
+
+    def let_scatter(self, s: ir.Let, e: ir.Call) -> None:
+        (name,) = s.names
+        assert e.ty is not None
+        self.buffer(name, e.ty.elem)
+        self.put(Scatter(name, e, self.fn.name == "decode"), "barrier", self.deps_of(e),
+                 (name,))
+
+    def let_pack(self, s: ir.Let, e: ir.Call) -> None:
+        (name,) = s.names
+        self.arrays[name] = ArrayInfo("packed", "u8", Extent("packed", name))
+        self.put(PackLet(name, e), "barrier", self.deps_of(e), (name,))
+
+    # -- encode -------------------------------------------------------------------------------
+    def encode(self) -> None:
+        (gname, _), = self.fn.args
+        self.arrays[gname] = ArrayInfo("lazy", "f32", N)
+        self.put(EncodeInput(gname), "free", set(), (gname,))
+        for stmt in self.fn.body:
+            if isinstance(stmt, ir.Let):
+                self.let(stmt)
+            else:
+                assert isinstance(stmt.value, ir.Call)
+                self.encode_return(stmt.value)
+
+    def encode_return(self, ret: ir.Call) -> None:
+        sections = list(zip(ret.args, self.program.layout, strict=True))
+        size_deps: set[str] = set()
+        for x, sec in sections:
+            if sec.ty.kind != "scalar":
+                size_deps |= self.deps_of(x)
+        self.put(PayloadSizes(sections), "barrier", size_deps)
+        later: list[Item] = []
+        for k, (x, sec) in enumerate(sections):
+            ty = sec.ty
+            if ty.kind == "scalar":
+                later.append(ScalarSection(k, x, ty.elem))
+            elif ty.kind == "packed" and isinstance(x, ir.Var):
+                later.append(PackedSection(k, x.name))
+            elif ty.kind == "packed":
+                assert isinstance(x, ir.Call) and x.fn == "pack"
+                (a,) = x.args
+                assert a.ty is not None
+                op: LoopOp = PackStore(k, a, a.ty.elem, ty.bits)
+                self.put(Pass(self.extent(x), [op]), "loop", self.deps_of(x))
+            else:
+                self.put(Pass(self.extent(x), [Store(k, x, ty.elem)]), "loop", self.deps_of(x))
+        for item in later:
+            self.put(item, "after", set())
+        self.put(Return(), "after", set())
+
+    # -- decode -------------------------------------------------------------------------------
+    def decode(self) -> None:
+        (_, _), (nname, _) = self.fn.args
+        self.scalars[nname] = "u32"
+        self.put(CheckSections(), "free", set())
+        for stmt in self.fn.body:
+            if isinstance(stmt, ir.Let):
+                value = stmt.value
+                if isinstance(value, ir.Call) and value.fn == "extract":
+                    self.bind_sections(stmt)
+                else:
+                    self.let(stmt)
+            else:
+                self.decode_return(stmt.value)
+
+    def bind_sections(self, s: ir.Let) -> None:
+        for k, (name, section) in enumerate(zip(s.names, self.program.layout, strict=True)):
+            ty = section.ty
+            if ty.kind == "scalar":
+                self.scalars[name] = ty.elem
+            elif ty.kind == "packed":
+                self.arrays[name] = ArrayInfo("packed", "u8", Extent("section", index=k))
+            else:
+                self.arrays[name] = ArrayInfo("lazy", ty.elem, Extent("section", index=k))
+        self.put(BindSections(s.names), "free", set(), s.names)
+
+    def decode_return(self, value: ir.Expr) -> None:
+        if isinstance(value, ir.Call) and value.fn == "scatter":
+            self.put(ScatterOut(value), "after", self.deps_of(value))
+        else:
+            self.put(Pass(N, [WriteOut(value)]), "loop", self.deps_of(value))
+        self.put(Return(), "after", set())
+
+
+_CHEAP_OPS = frozenset({"+", "-", "*", "<", "<=", ">", ">=", "==", "!=", "and", "or", "not"})
+
+
+def _block(e: ir.Call) -> int:
+    b = e.kwarg("block")
+    assert isinstance(b, ir.Const) and isinstance(b.value, int)
+    return b.value
+
+
+def fuse(placed: list[_Placed]) -> list[Item]:
+    """Join loop ops over one extent into one pass while none needs another's result.
+
+    A statement that needs the open pass's results waits until after it; one that does
+    not runs before it. A barrier that needs them closes the pass; ``after`` items close
+    it always.
+    """
+    out: list[Item] = []
+    open_pass: Pass | None = None
+    pending: set[str] = set()
+    deferred: list[Item] = []
+    deferred_names: set[str] = set()
+
+    def flush() -> None:
+        nonlocal open_pass
+        if open_pass is not None and open_pass.ops:
+            out.append(open_pass)
+        out.extend(deferred)
+        open_pass = None
+        pending.clear()
+        deferred.clear()
+        deferred_names.clear()
+
+    for p in placed:
+        blocked = bool(p.reads & (pending | deferred_names))
+        if p.how == "loop":
+            assert isinstance(p.item, Pass)
+            if blocked or (open_pass is not None and open_pass.extent != p.item.extent):
+                flush()
+            if open_pass is None:
+                open_pass = Pass(p.item.extent, [])
+            open_pass.ops.extend(p.item.ops)
+            pending.update(p.writes)
+        elif p.how == "free":
+            if blocked:
+                deferred.append(p.item)
+                deferred_names.update(p.writes)
+            else:
+                out.append(p.item)
+        elif p.how == "barrier":
+            if blocked:
+                flush()
+            out.append(p.item)
+        else:
+            flush()
+            out.append(p.item)
+    flush()
+    return out
+
+
+def merge_extremes(items: list[Item]) -> list[Item]:
+    """A float min and a max of the same elements (operand and key) in one pass become
+    one ``MinMax``, which evaluates them once."""
+    for item in items:
+        if not isinstance(item, Pass):
+            continue
+        ops: list[LoopOp] = []
+        seen: dict[object, int] = {}
+        for op in item.ops:
+            if isinstance(op, Extreme) and op.operand in FLOATS:
+                where = (shape(op.array), shape(op.key))
+                j = seen.get(where)
+                first = ops[j] if j is not None else None
+                if isinstance(first, Extreme) and first.kind != op.kind \
+                        and first.direct == op.direct:
+                    lo, hi = (op.out, first.out) if op.kind == "min" else (first.out, op.out)
+                    assert j is not None
+                    ops[j] = MinMax(lo, hi, first.array, first.key, first.direct)
+                    del seen[where]
+                    continue
+                seen[where] = len(ops)
+            ops.append(op)
+        item.ops = ops
+    return items
+
+
+def merge_block_extremes(items: list[Item]) -> list[Item]:
+    """A block min and a block max of the same elements and blocks, one after the other,
+    run as one barrier."""
+    out: list[Item] = []
+    for item in items:
+        prev = out[-1] if out else None
+        if (isinstance(item, BlockReduce) and isinstance(prev, BlockReduce)
+                and not prev.other and {item.op, prev.op} == {"min", "max"}
+                and item.operand in FLOATS and prev.operand in FLOATS
+                and item.block == prev.block
+                and (shape(item.array), shape(item.key)) == (shape(prev.array), shape(prev.key))):
+            prev.other = item.name
+            continue
+        out.append(item)
+    return out
+
+
+def place_residual(items: list[Item], early: bool) -> list[Item]:
+    """Put error feedback's ``r += g`` before the first read of g: as the first op of the
+    first pass when that pass runs over n, else as a loop of its own (first of all when
+    a gather may read any index)."""
+    out: list[Item] = []
+    pending = not early
+    for item in items:
+        if early and isinstance(item, EncodeInput):
+            out.append(item)
+            out.append(AddResidual())
+            continue
+        if pending:
+            if isinstance(item, Pass):
+                if item.extent == N:
+                    item.ops.insert(0, AddResidualOp())
+                else:
+                    out.append(AddResidual())
+                pending = False
+            elif isinstance(item, (Selection, Scatter, PackLet, BlockReduce, Return)):
+                out.append(AddResidual())
+                pending = False
+            elif isinstance(item, PayloadSizes):
+                item.residual_on_retry = True
+        out.append(item)
+    return out
+
+
+def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
+    """encode's and decode's schedules for a checked program after ``lower``."""
+    kernels = []
+    for fn in (lowered.encode, lowered.decode):
+        b = _Builder(lowered, fn, options)
+        b.encode() if fn.name == "encode" else b.decode()
+        items = merge_block_extremes(fuse(b.out))
+        if options.merged_extremes:
+            items = merge_extremes(items)
+        size_arg = ""
+        if fn.name == "encode":
+            items = place_residual(items, early=calls(fn.body, "gather"))
+        else:
+            size_arg = fn.args[1][0]
+        kernels.append(Kernel(fn.name, items, b.arrays, b.scalars, size_arg))
+    return kernels[0], kernels[1]
+
+

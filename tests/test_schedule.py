@@ -1,0 +1,82 @@
+"""The scheduled loop IR: which passes a kernel runs and what runs in each."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from compll import load, load_source
+from compll import schedule as sch
+from compll.lower import lower
+from compll.render import CpuRenderer, CudaRenderer
+from compll.scheduling import schedule
+
+pytestmark = pytest.mark.pure
+
+
+def kernels(prog, renderer=CpuRenderer):
+    return schedule(lower(prog), renderer.options)
+
+
+def kinds(kernel):
+    return [type(item).__name__ for item in kernel.items]
+
+
+def test_minmax8_reads_g_twice_and_adds_the_residual_in_the_first_pass():
+    encode, decode = kernels(load("minmax8"))
+    assert kinds(encode) == ["EncodeInput", "Pass", "Scalar", "Lazy", "PayloadSizes", "Pass",
+                             "ScalarSection", "ScalarSection", "Return"]
+    first, second = (item for item in encode.items if isinstance(item, sch.Pass))
+    assert [type(op).__name__ for op in first.ops] == ["AddResidualOp", "MinMax"]
+    assert [type(op).__name__ for op in second.ops] == ["PackStore"]
+    assert kinds(decode) == ["CheckSections", "BindSections", "Pass", "Return"]
+
+
+def test_independent_reductions_share_a_pass_and_dependent_ones_wait():
+    prog = load_source(textwrap.dedent("""
+        encode(g: f32[]) -> bytes:
+            let s = reduce(g, sum)
+            let t = reduce(g, sum, key=x -> x * s)   # needs s: a second pass
+            let m = reduce(g, max)                   # joins the second pass
+            let k = f32(size(g)) * 2.0               # needs neither: before the open pass
+            return concat(s, t, m, k)
+        decode(p: bytes, n: u32) -> f32[n]:
+            let s: f32, t: f32, m: f32, k: f32 = extract(p)
+            return map(iota(n), i -> s + t + m + k)
+    """), "two.cll")
+    encode, _ = kernels(prog)
+    assert kinds(encode)[:5] == ["EncodeInput", "Pass", "Scalar", "PayloadSizes", "Pass"]
+    first, second = encode.items[1], encode.items[4]
+    assert [op.out for op in first.ops if isinstance(op, sch.Sum)] == ["s"]
+    assert sorted(getattr(op, "out", "") for op in second.ops) == ["m", "t"]
+
+
+def test_a_gather_adds_the_residual_first_and_selections_write_in_one_pass():
+    encode, _ = kernels(load("dgc"))
+    assert kinds(encode)[:2] == ["EncodeInput", "AddResidual"]
+    stores = [item for item in encode.items if isinstance(item, sch.Pass)
+              and any(isinstance(op, sch.Store) for op in item.ops)]
+    assert len(stores) == 1 and len(stores[0].ops) == 2  # indices and values together
+
+
+def test_a_payload_that_may_not_fit_keeps_r_plus_g_for_the_retry():
+    encode, _ = kernels(load("onebit"))
+    sizes = next(item for item in encode.items if isinstance(item, sch.PayloadSizes))
+    assert sizes.residual_on_retry  # the payload is sized before any pass reads g
+
+
+def test_cuda_passes_merge_no_extremes():
+    encode, _ = kernels(load("minmax8"), CudaRenderer)
+    ops = [op for item in encode.items if isinstance(item, sch.Pass) for op in item.ops]
+    assert [type(op).__name__ for op in ops] == ["AddResidualOp", "Extreme", "Extreme",
+                                                 "PackStore"]
+
+
+def test_hipress_dump_schedule_prints_it():
+    code = ("from compll import load; from compll.render import render; "
+            "render(load('minmax8'), 'cpu')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"HIPRESS_DUMP": "schedule", "PATH": ""}, check=True)
+    assert "--- compll schedule ---" in out.stderr
+    assert "pass over n:\n      r += g\n      lo, hi = minmax(g) direct" in out.stderr
