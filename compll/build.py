@@ -104,8 +104,9 @@ def _host_signature() -> str:
 
 
 def _runtime_text(target: str) -> str:
-    runtime = "cpu_runtime.h" if target == "cpu" else "cuda_runtime.cuh"
-    names = ["common.h", "host.h", runtime]
+    runtime = (["cpu_runtime.h", "cpu_blocks.h"] if target == "cpu"
+               else ["cuda_runtime.cuh", "cuda_blocks.cuh"])
+    names = ["common.h", "host.h", *runtime]
     return header_text() + "".join((_TEMPLATES / n).read_text() for n in names)
 
 

@@ -31,6 +31,7 @@ def cast(c: Checker, e: ir.Call) -> ir.Expr:
     ty = c.value_type(x, e.fn)
     return dataclasses.replace(e, args=(x,), ty=c.broadcast([ty], e.fn, e.pos))
 
+
 def elementwise(c: Checker, e: ir.Call, spec: Builtin) -> ir.Expr:
     args = c.typed_args(e)
     types = [c.value_type(a, e.fn) for a in args]
@@ -46,6 +47,7 @@ def elementwise(c: Checker, e: ir.Call, spec: Builtin) -> ir.Expr:
     ty = c.broadcast(types, elem, e.pos, literal)
     return dataclasses.replace(e, args=args, ty=ty, operand_ty=Type.scalar(operand))
 
+
 def array_arg(c: Checker, x: ir.Expr, what: str, packed: bool = False) -> Type:
     assert x.ty is not None
     kinds = ("array", "packed") if packed else ("array",)
@@ -53,12 +55,14 @@ def array_arg(c: Checker, x: ir.Expr, what: str, packed: bool = False) -> Type:
         raise c.err(f"{what} needs an array, not {x.ty}", x.pos)
     return x.ty
 
+
 def scalar_arg(c: Checker, x: ir.Expr, what: str, ints: bool = False) -> Type:
     assert x.ty is not None
     if x.ty.kind != "scalar" or (ints and not is_int(x.ty.elem)):
         kind = "an integer" if ints else "a number"
         raise c.err(f"{what} needs {kind}, not {x.ty}", x.pos)
     return x.ty
+
 
 def const_kwarg(c: Checker, e: ir.Call, key: str, default: Any, ints: bool = True) -> Any:
     raw = e.kwarg(key)
@@ -69,15 +73,18 @@ def const_kwarg(c: Checker, e: ir.Call, key: str, default: Any, ints: bool = Tru
         raise c.err(f"{key}= must be a constant integer", raw.pos)
     return value
 
+
 def _size(c: Checker, e: ir.Call) -> ir.Expr:
     (a,) = c.typed_args(e)
     array_arg(c, a, "size", packed=True)
     return dataclasses.replace(e, args=(a,), ty=_U32)
 
+
 def _iota(c: Checker, e: ir.Call) -> ir.Expr:
     (k,) = c.typed_args(e)
     scalar_arg(c, k, "iota", ints=True)
     return dataclasses.replace(e, args=(k,), ty=Type.array("u32", c.length_of_scalar(k)))
+
 
 def _map(c: Checker, e: ir.Call) -> ir.Expr:
     arrays = tuple(c.expr(a) for a in e.args[:-1])
@@ -89,16 +96,19 @@ def _map(c: Checker, e: ir.Call) -> ir.Expr:
     ty = Type.array(lam.ty.elem, types[0].length)  # type: ignore[arg-type]
     return dataclasses.replace(e, args=arrays + (lam,), ty=ty)
 
+
 def key_lambda(c: Checker, e: ir.Call, elem: str) -> ir.Lambda | None:
     key = e.kwarg("key")
     if key is None:
         return None
     return c.lambda_body(key, (Type.scalar(elem),), f"{e.fn}'s key")
 
+
 def with_key(e: ir.Call, key: ir.Lambda | None) -> tuple[tuple[str, ir.Expr], ...]:
     """``e``'s keyword arguments with ``key`` replaced by its checked lambda."""
     kwargs = tuple((k, v) for k, v in e.kwargs if k != "key")
     return kwargs + ((("key", key),) if key is not None else ())
+
 
 def _reduce(c: Checker, e: ir.Call) -> ir.Expr:
     a = c.expr(e.args[0])
@@ -114,10 +124,29 @@ def _reduce(c: Checker, e: ir.Call) -> ir.Expr:
         if elem == "bool":
             raise c.err(f"reduce {op.name} needs numbers, not bool", e.pos)
         out = promote_one(elem) if elem in FLOATS else elem
-    kwargs = (("key", key),) if key is not None else ()
+    kwargs: tuple[tuple[str, ir.Expr], ...] = (("key", key),) if key is not None else ()
+    ty = Type.scalar(out)
+    raw = e.kwarg("block")
+    if raw is not None:  # one value per block of B elements (B = 0: one block)
+        block = const_kwarg(c, e, "block", 0)
+        if not 0 <= block < 2**32:
+            raise c.err("block= must be in 0..4294967295 (0: one block of all)", raw.pos)
+        assert at.length is not None
+        ty = Type.array(out, Length("blocks", block, base=at.length))
+        kwargs += (("block", ir.Const(block, raw.pos, Type.scalar("u32"))),)
     return dataclasses.replace(
-        e, args=(a, op), kwargs=kwargs, ty=Type.scalar(out), operand_ty=Type.scalar(elem)
+        e, args=(a, op), kwargs=kwargs, ty=ty, operand_ty=Type.scalar(elem)
     )
+
+
+def _expand(c: Checker, e: ir.Call) -> ir.Expr:
+    (r,) = c.typed_args(e)
+    rt = array_arg(c, r, "expand")
+    if rt.length is None or rt.length.kind != "blocks" or rt.length.base is None:
+        raise c.err(f"expand takes one value per block (from reduce(..., block=B)), not {rt}",
+                    r.pos)
+    return dataclasses.replace(e, args=(r,), ty=Type.array(rt.elem, rt.length.base))
+
 
 def index_flag(c: Checker, e: ir.Call) -> bool:
     raw = e.kwarg("index")
@@ -127,11 +156,13 @@ def index_flag(c: Checker, e: ir.Call) -> bool:
         raise c.err("index= must be true or false", raw.pos)
     return raw.value
 
+
 def indexed_result(c: Checker, e: ir.Call, elem: str, length: Length, index: bool) -> Type:
     values = Type.array(elem, length)
     if not index:
         return values
     return Type("tuple", items=(Type.array("u32", length), values))
+
 
 def _filter(c: Checker, e: ir.Call) -> ir.Expr:
     a = c.expr(e.args[0])
@@ -143,6 +174,7 @@ def _filter(c: Checker, e: ir.Call) -> ir.Expr:
                              index_flag(c, e))
     return dataclasses.replace(e, args=(a, pred), ty=ty)
 
+
 def _sort(c: Checker, e: ir.Call) -> ir.Expr:
     a = c.expr(e.args[0])
     at = array_arg(c, a, "sort")
@@ -153,6 +185,7 @@ def _sort(c: Checker, e: ir.Call) -> ir.Expr:
     ty = indexed_result(c, e, at.elem, at.length, index_flag(c, e))  # type: ignore
     return dataclasses.replace(e, args=(a,), kwargs=with_key(e, key), ty=ty)
 
+
 def _topk(c: Checker, e: ir.Call) -> ir.Expr:
     a, k = c.expr(e.args[0]), c.expr(e.args[1])
     at = array_arg(c, a, "topk")
@@ -161,6 +194,7 @@ def _topk(c: Checker, e: ir.Call) -> ir.Expr:
     length = c.fresh_length("topk", e.pos)
     ty = indexed_result(c, e, at.elem, length, index_flag(c, e))
     return dataclasses.replace(e, args=(a, k), kwargs=with_key(e, key), ty=ty)
+
 
 def random_stream(c: Checker, e: ir.Call) -> int:
     if c.lambda_env is None:
@@ -175,9 +209,11 @@ def random_stream(c: Checker, e: ir.Call) -> int:
     c.stream += 1
     return 2**16 + c.stream - 1  # automatic streams never collide with explicit ones
 
+
 def _random(c: Checker, e: ir.Call) -> ir.Expr:
     stream = random_stream(c, e)
     return dataclasses.replace(e, kwargs=(), ty=Type.scalar("f32"), stream=stream)
+
 
 def _randint(c: Checker, e: ir.Call) -> ir.Expr:
     stream = random_stream(c, e)
@@ -185,12 +221,14 @@ def _randint(c: Checker, e: ir.Call) -> ir.Expr:
     scalar_arg(c, hi, "randint", ints=True)
     return dataclasses.replace(e, args=(hi,), kwargs=(), ty=_U32, stream=stream)
 
+
 def _gather(c: Checker, e: ir.Call) -> ir.Expr:
     a, idx = c.typed_args(e)
     at, it = array_arg(c, a, "gather"), array_arg(c, idx, "gather's indices")
     if not is_int(it.elem):
         raise c.err(f"gather's indices must be integers, not {it}", idx.pos)
     return dataclasses.replace(e, args=(a, idx), ty=Type.array(at.elem, it.length))  # type: ignore
+
 
 def _scatter(c: Checker, e: ir.Call) -> ir.Expr:
     idx, vals, n = c.typed_args(e)
@@ -203,6 +241,7 @@ def _scatter(c: Checker, e: ir.Call) -> ir.Expr:
     scalar_arg(c, n, "scatter's size", ints=True)
     ty = Type.array(vt.elem, c.length_of_scalar(n))
     return dataclasses.replace(e, args=(idx, vals, n), ty=ty)
+
 
 def _pack(c: Checker, e: ir.Call) -> ir.Expr:
     (a,) = c.typed_args(e)
@@ -217,6 +256,7 @@ def _pack(c: Checker, e: ir.Call) -> ir.Expr:
     ty = Type("packed", "u8", at.length, bits=bits)
     return dataclasses.replace(e, args=(a,), kwargs=(), ty=ty)
 
+
 def _unpack(c: Checker, e: ir.Call) -> ir.Expr:
     (a,) = c.typed_args(e)
     at = array_arg(c, a, "unpack", packed=True)
@@ -224,9 +264,11 @@ def _unpack(c: Checker, e: ir.Call) -> ir.Expr:
         raise c.err(f"unpack needs a packed array, not {at}", a.pos)
     return dataclasses.replace(e, args=(a,), ty=Type.array("u8", at.length))  # type: ignore
 
+
 def _concat(c: Checker, e: ir.Call) -> ir.Expr:
     raise c.err("concat builds the payload: use it only as 'return concat(...)' in "
                    "encode", e.pos)
+
 
 def _extract(c: Checker, e: ir.Call) -> ir.Expr:
     raise c.err("extract reads the payload: use it only as 'let a, b = extract(p)' "
@@ -239,6 +281,7 @@ RULES: dict[str, Callable[[Checker, ir.Call], ir.Expr]] = {
     "iota": _iota,
     "map": _map,
     "reduce": _reduce,
+    "expand": _expand,
     "filter": _filter,
     "sort": _sort,
     "topk": _topk,

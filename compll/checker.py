@@ -430,15 +430,25 @@ class Checker:
                 raise self.err("bool arrays cannot go into a payload; pack(..., bits=1) them",
                                x.pos)
             assert ty.length is not None
+            if ty.length.kind == "blocks" and not _fixed(ty.length):
+                raise self.err("per-block values in a payload must cut n or a constant number "
+                               "of elements into blocks", x.pos, LayoutError)
             group = ty.length.name if ty.length.kind == "sym" else ""
             return ir.Section(ty, group)
         if ty.kind == "packed":
             assert ty.length is not None
-            if ty.length.kind == "sym":
+            if not _fixed(ty.length):
                 raise self.err("a packed array in a payload must have n or a constant number "
                                "of elements", x.pos, LayoutError)
             return ir.Section(ty)
         raise self.err(f"concat takes scalars and arrays, not {ty}", x.pos)
+
+
+def _fixed(length: Length) -> bool:
+    """Whether a length is known from n alone (n, a constant, or blocks of those)."""
+    if length.kind == "blocks":
+        return length.base is not None and _fixed(length.base)
+    return length.kind in ("n", "const")
 
 
 def section_type_in_decode(section: ir.Section) -> Type:

@@ -36,6 +36,8 @@ class ExprRenderer:
 
     target = ""
     template = ""
+    #: whether a fused pass fills expand's per-element values into L1 chunk by chunk
+    stage_expands = False
     #: how a host-side lambda that produces elements is introduced
     lam = "[&]"
     types = {"f32": "float", "f16": "hp_f16", "i32": "int32_t", "u32": "uint32_t",
@@ -51,6 +53,8 @@ class ExprRenderer:
         self.streams: set[int] = set()
         self.uid = 0
         self.pass_stage: list[tuple[str, int]] = []  # packed arrays the open pass stages
+        self.pass_expand: list[tuple[str, int]] = []  # (f32 array bytes, block) it expands
+        self.block_bytes: dict[str, str] = {}  # one-value-per-block f32 arrays in memory
         self.stage_index: str | None = None  # the index of a staged element lambda
         self.hoisted: list[str] = []  # uniform values the next statement computes first
 
@@ -179,6 +183,10 @@ class ExprRenderer:
             arr = self.arrays[e.name]
             if arr.kind == "packed":
                 raise BuildError(f"packed array {e.name!r} is only readable through unpack")
+            if (self.stage_expands and self.stage_index is not None and arr.value is not None
+                    and not arr.buffer and e.name not in self.block_bytes
+                    and self.expands(arr.value)):
+                return self.expr(arr.value)  # inline, so its expand reads the pass's staging
             return f"a_{self.safe(e.name)}({self.index})"
         if e.name in self.scalars:
             return self.scalars[e.name]
@@ -279,6 +287,36 @@ class ExprRenderer:
         assert self.index is not None
         values = [self.expr(a) for a in e.args[:-1]]
         return self.apply(e.args[-1], values, self.index)
+
+    def expands(self, e: ir.Expr) -> bool:
+        """Whether elements of ``e`` read ``expand`` of an array in memory, directly or
+        through lazy arrays."""
+        if isinstance(e, ir.Call):
+            if e.fn == "expand":
+                r = e.args[0]
+                return isinstance(r, ir.Var) and r.name in self.block_bytes
+            return any(self.expands(a) for a in e.args)
+        if isinstance(e, ir.Lambda):
+            return self.expands(e.body)
+        if isinstance(e, ir.Var):
+            arr = self.arrays.get(e.name)
+            return (arr is not None and arr.value is not None and not arr.buffer
+                    and e.name not in self.block_bytes and self.expands(arr.value))
+        return any(self.expands(x) for x in ir.operands(e))
+
+    def call_expand(self, e: ir.Call) -> str:
+        (r,) = e.args
+        assert r.ty is not None and r.ty.length is not None and self.index is not None
+        block = r.ty.length.value
+        if (self.stage_expands and self.stage_index is not None and self.index == self.stage_index
+                and isinstance(r, ir.Var) and r.name in self.block_bytes):
+            key = (self.block_bytes[r.name], block)
+            if key in self.pass_expand or len(self.pass_expand) < MAX_STAGED:
+                if key not in self.pass_expand:
+                    self.pass_expand.append(key)
+                return f"st.ex({self.pass_expand.index(key)}, {self.index})"
+        # a gather: contiguous runs of one value that the compiler may not vectorise
+        return self.at(r, f"((uint64_t)({self.index}) / {block}u)" if block else "(uint64_t)0")
 
     def call_iota(self, e: ir.Call) -> str:
         return f"((uint32_t)({self.index}))"

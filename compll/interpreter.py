@@ -181,6 +181,64 @@ def reduce(op: str, x: np.ndarray, out: str) -> np.ndarray:
     return np.asarray(x.max() if op == "max" else x.min())
 
 
+def _block_sum_f32(x: np.ndarray, block: int) -> np.ndarray:
+    """``_sum_f32`` of every block of ``block`` elements, vectorised over blocks.
+
+    A block of at most SUM_CHUNK elements is one chunk; it is padded with zeros to whole
+    SUM_BLOCKs only, since the zero blocks a chunk's padding would add contribute +0 to
+    lanes that are never -0."""
+    count = -(-x.size // block)
+    if block > SUM_CHUNK:
+        return np.array([_sum_f32(x[k * block:(k + 1) * block]) for k in range(count)],
+                        dtype=np.float32)
+    width = -(-block // SUM_BLOCK) * SUM_BLOCK
+    padded = np.zeros((count, width), dtype=np.float32)
+    flat = np.zeros(count * block, dtype=np.float32)
+    flat[:x.size] = x
+    padded[:, :block] = flat.reshape(count, block)
+    steps = SUM_BLOCK // SUM_LANES
+    groups = padded.reshape(count, width // SUM_BLOCK, steps, SUM_LANES)
+    partial = np.zeros((count, width // SUM_BLOCK, SUM_LANES), dtype=np.float32)
+    for j in range(steps):
+        partial += groups[:, :, j, :]
+    acc = np.zeros((count, SUM_LANES), dtype=np.float64)
+    for b in range(width // SUM_BLOCK):
+        acc += partial[:, b, :].astype(np.float64)
+    while acc.shape[1] > 1:
+        acc = acc[:, 0::2] + acc[:, 1::2]
+    return (0.0 + acc[:, 0]).astype(np.float32)
+
+
+def block_reduce(op: str, x: np.ndarray, block: int, out: str) -> np.ndarray:
+    """``reduce`` of every block of ``block`` elements (0: one block of all); the last
+    block may be short. Each block reduces as an array of its own."""
+    if block == 0 or x.size == 0:
+        one = reduce(op, x, out)
+        return np.atleast_1d(one).astype(one.dtype) if block == 0 else \
+            np.zeros(0, dtype=one.dtype)
+    count = -(-x.size // block)
+    if op == "sum" and x.dtype.kind == "f":
+        r = _block_sum_f32(x.astype(np.float32), block)
+        return np.where(np.isnan(r), CANONICAL_NAN, r).astype(np.float32)
+    if op == "sum":
+        flat = np.zeros(count * block, dtype=np.int64)
+        flat[:x.size] = x.astype(np.int64)
+        return cast(flat.reshape(count, block).sum(axis=1) % (1 << 32), out)
+    if x.dtype.kind == "f":
+        flat = np.full(count * block, np.nan, dtype=np.float32)  # NaN never wins
+        flat[:x.size] = x
+        rows = flat.reshape(count, block)
+        with np.errstate(invalid="ignore"):
+            r = np.fmax.reduce(rows, axis=1) if op == "max" else np.fmin.reduce(rows, axis=1)
+        r = np.where(r == 0, np.float32(0.0), r)  # ties at 0 give +0
+        return np.where(np.isnan(r), CANONICAL_NAN, r).astype(np.float32)
+    info = np.iinfo(x.dtype)
+    flat = np.full(count * block, info.min if op == "max" else info.max, dtype=x.dtype)
+    flat[:x.size] = x
+    rows = flat.reshape(count, block)
+    return rows.max(axis=1) if op == "max" else rows.min(axis=1)
+
+
 def _sort_order(key: np.ndarray, descending: bool) -> np.ndarray:
     """Stable order of keys (widened to f64, exact for every CompLL type); NaN goes last."""
     wide = key.astype(np.float64)
@@ -221,6 +279,8 @@ class _Frame:
         self.step = step
         self.decoding = decoding
         self.index: np.ndarray | None = None  # element indices inside a map lambda
+        self.n = 0  # the tensor's length
+        self.counts: dict[ir.Length, int] = {}  # lengths cut into blocks, as evaluated
 
     def eval(self, e: ir.Expr) -> Any:
         method: Callable[[Any], Any] = getattr(self, "eval_" + type(e).__name__.lower())
@@ -317,7 +377,37 @@ class _Frame:
     def op_reduce(self, e: ir.Call) -> np.ndarray:
         assert e.ty is not None and isinstance(e.args[1], ir.Var)
         x = self.keyed(e, self.eval(e.args[0]))
+        if e.ty.kind == "array":
+            length = e.ty.length
+            assert length is not None and length.base is not None
+            self.counts[length.base] = x.size
+            return block_reduce(e.args[1].name, x, length.value, e.ty.elem)
         return reduce(e.args[1].name, x, e.ty.elem)
+
+    def op_expand(self, e: ir.Call) -> np.ndarray:
+        (r,) = e.args
+        assert r.ty is not None and r.ty.length is not None and e.ty is not None
+        values = self.eval(r)
+        n = self.length(e)
+        block = r.ty.length.value
+        if not block:
+            return np.repeat(values, n)
+        return np.repeat(values, block)[:n]
+
+    def length(self, e: ir.Expr) -> int:
+        """The element count of expand's result: that of the array its blocks cut."""
+        assert isinstance(e, ir.Call) and e.fn == "expand"
+        (r,) = e.args
+        assert r.ty is not None and r.ty.length is not None
+        return self.count_of(r.ty.length.base)
+
+    def count_of(self, length: ir.Length | None) -> int:
+        assert length is not None
+        if length.kind == "n":
+            return self.n
+        if length.kind == "const":
+            return length.value
+        return self.counts[length]  # a run-time length some reduce cut into blocks
 
     def indexed(self, e: ir.Call, idx: np.ndarray, values: np.ndarray) -> Any:
         idx = idx.astype(np.uint32)
@@ -413,6 +503,7 @@ def encode(program: ir.Program, x: np.ndarray, seed: int = 0, step: int = 0) -> 
     frame = _Frame(dict(program.param_values), seed & 0xFFFFFFFF, step & 0xFFFFFFFF)
     (gname, _), = program.encode.args
     frame.env[gname] = np.ascontiguousarray(x, dtype=np.float32)
+    frame.n = x.size
     ret = _run(frame, program.encode)
     sections = []
     with np.errstate(all="ignore"):
@@ -442,6 +533,7 @@ def decode(program: ir.Program, data: np.ndarray, n: int) -> np.ndarray:
                    sections=tuple(values))
     (_, _), (nname, _) = program.decode.args
     frame.env[nname] = np.asarray(n, dtype=np.uint32)
+    frame.n = n
     ret = _run(frame, program.decode)
     with np.errstate(all="ignore"):
         out = cast(frame.eval(ret), "f32")

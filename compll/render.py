@@ -110,8 +110,19 @@ class CRenderer(ExprRenderer):
 
     def item_lazy(self, item: sch.Lazy) -> None:
         assert item.value.ty is not None
-        self.emit(f"auto a_{self.safe(item.name)} = "
-                  f"{self.element_fn(item.value, item.value.ty.elem)};")
+        elem = item.value.ty.elem
+        fn = self.element_fn(item.value, elem)
+        extent = self.arrays[item.name].extent
+        length = item.value.ty.length
+        if length is not None and length.kind == "blocks":  # read per element by expand
+            buf = self.fresh("blk")
+            self.emit(f"auto {buf} = hp::materialize<{self.ctype(elem)}>({self.extent(extent)}, "
+                      f"{fn});")
+            self.bind_buffer(item.name, buf, elem)
+            if elem == "f32":
+                self.block_bytes[item.name] = f"(const uint8_t*)b_{self.safe(item.name)}"
+            return
+        self.emit(f"auto a_{self.safe(item.name)} = {fn};")
 
     def item_selection(self, item: sch.Selection) -> None:
         e = item.call
@@ -185,35 +196,36 @@ class CRenderer(ExprRenderer):
         n = self.safe(item.name)
         t = self.ctype(item.elem)
         count = self.extent(self.arrays[item.name].extent)
-        length = self.length(item.array)
         float_op = item.operand in FLOATS
         fn = self.keyed_fn(item.array, item.key, "f32" if float_op else item.operand)
+        is_max = "true" if item.op == "max" else "false"
         buf = self.fresh("blk")
         self.emit(f"hp::buffer<{t}> {buf}({count});")
+        args = f"{self.length(item.array)}, {item.block}u, {fn}, {buf}.data()"
         if item.other:
             other = self.fresh("blk")
             self.emit(f"hp::buffer<{t}> {other}({count});")
             lo, hi = (buf, other) if item.op == "min" else (other, buf)
-            self.emit(f"hp::block_minmax_f32({length}, {item.block}, {fn}, {lo}.data(), "
-                      f"{hi}.data());")
+            args = f"{self.length(item.array)}, {item.block}u, {fn}, {lo}.data(), {hi}.data()"
+            self.emit(f"hp::block_minmax_f32({args});")
             self.bind_buffer(item.other, other, item.elem)
+            if item.elem == "f32":
+                self.block_bytes[item.other] = f"(const uint8_t*)b_{self.safe(item.other)}"
         elif item.op == "sum" and float_op:
-            self.emit(f"hp::block_sum_f32({length}, {item.block}, {fn}, {buf}.data());")
+            self.emit(f"hp::block_sum_f32({args});")
         elif item.op == "sum":
-            self.emit(f"hp::block_sum_int<{t}>({length}, {item.block}, {fn}, {buf}.data());")
+            self.emit(f"hp::block_sum_int<{t}>({args});")
         elif float_op:
-            is_max = "true" if item.op == "max" else "false"
-            self.emit(f"hp::block_extreme_f32<{is_max}>({length}, {item.block}, {fn}, "
-                      f"{buf}.data());")
+            self.emit(f"hp::block_extreme_f32<{is_max}>({args});")
         else:
-            is_max = "true" if item.op == "max" else "false"
-            self.emit(f"hp::block_extreme_int<{is_max}, {self.ctype(item.operand)}>({length}, "
-                      f"{item.block}, {fn}, {buf}.data());")
+            self.emit(f"hp::block_extreme_int<{is_max}, {self.ctype(item.operand)}>({args});")
         self.bind_buffer(n, buf, item.elem)
+        if item.elem == "f32":
+            self.block_bytes[item.name] = f"(const uint8_t*)b_{n}"
 
     # -- passes -------------------------------------------------------------------------------
     def item_pass(self, item: sch.Pass) -> None:
-        self.pass_stage = []
+        self.pass_stage, self.pass_expand = [], []
         ops = []
         for op in item.ops:
             for name, elem in _results(op):
@@ -221,10 +233,14 @@ class CRenderer(ExprRenderer):
             ops.append(getattr(self, "op_" + type(op).__name__.lower())(op))
         srcs = ", ".join(s for s, _ in self.pass_stage)
         bits = ", ".join(f"{b}u" for _, b in self.pass_stage)
-        stage = f"hp::Unpacks{{{{{srcs}}}, {{{bits}}}, {len(self.pass_stage)}}}"
+        fields = f"{{{srcs}}}, {{{bits}}}, {len(self.pass_stage)}"
+        if self.pass_expand:
+            xs = ", ".join(s for s, _ in self.pass_expand)
+            blocks = ", ".join(f"{b}u" for _, b in self.pass_expand)
+            fields += f", {{{xs}}}, {{{blocks}}}, {len(self.pass_expand)}"
         body = ",\n      ".join(ops)
-        self.emit(f"hp::fused({self.extent(item.extent)}, {stage},\n      {body});")
-        self.pass_stage = []
+        self.emit(f"hp::fused({self.extent(item.extent)}, hp::Unpacks{{{fields}}},\n      {body});")
+        self.pass_stage, self.pass_expand = [], []
 
     def op_sum(self, op: sch.Sum) -> str:
         c = self.scalars[op.out]
@@ -377,6 +393,8 @@ class CRenderer(ExprRenderer):
                 t = self.ctype(ty.elem)
                 self.emit(f"auto a_{n} = {self.lam}(uint64_t i) -> {t} "
                           f"{{ return hp::load<{t}>(s_{n}, i); }};")
+                if ty.elem == "f32" and ty.length is not None and ty.length.kind == "blocks":
+                    self.block_bytes[name] = f"s_{n}"
             self.emit(f"sec += hp_pad8(sz[{k}]);")
 
     def item_scatterout(self, item: sch.ScatterOut) -> None:
@@ -440,6 +458,7 @@ class CpuRenderer(CRenderer):
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
     options = sch.Options(direct_reductions=True, merged_extremes=True)
+    stage_expands = True
 
 
 class CudaRenderer(CRenderer):

@@ -103,6 +103,17 @@ decode(p: bytes, n: u32) -> f32[n]:
      "float literal out of the f32 range"),
     ("float-overflow-f32", program("let s = -4e38\n" + OK_ENCODE), DslTypeError, 2, 14,
      "float literal out of the f32 range"),
+    ("expand-not-blocks", program("let e = map(g, expand(g), (x, y) -> x + y)\n" + OK_ENCODE),
+     DslTypeError, 2, 27, "expand takes one value per block"),
+    ("block-negative", program("let m = reduce(g, max, block=-3)\n" + OK_ENCODE), DslTypeError,
+     2, 34, "block= must be in 0..4294967295"),
+    ("block-not-integer", program("let m = reduce(g, max, block=2.5)\n" + OK_ENCODE),
+     DslTypeError, 2, 34, "block= must be a constant integer"),
+    ("block-not-constant", program("let m = reduce(g, max, block=size(g))\n" + OK_ENCODE),
+     DslTypeError, 2, 34, "must be a constant"),
+    ("blocks-with-elements", program("let m = reduce(g, max, block=4)\n"
+                                     "let e = map(m, g, (x, y) -> x + y)\n" + OK_ENCODE),
+     DslTypeError, 3, 13, "arrays of different lengths (ceil(n / 4) and n)"),
 ]
 
 

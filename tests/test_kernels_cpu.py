@@ -23,6 +23,9 @@ VARIANTS = [(name, {}) for name in ALGORITHMS] + [
     ("minmax8", {"bits": 4}), ("qsgd", {"bits": 2}), ("qsgd", {"bits": 4}),
     ("topk", {"ratio": 0.05}), ("dgc", {"ratio": 0.01}), ("randomk", {"ratio": 0.1}),
     ("threshold", {"tau": 0.5}), ("tbq", {"tau": 0.3}),
+    ("qsgd", {"bucket": 0}), ("qsgd", {"bits": 4, "bucket": 100}),
+    ("cgx", {"bits": 3, "bucket": 8193}), ("cgx", {"bits": 8, "bucket": 0}), ("cgx", {"bits": 1}),
+    ("zeropp", {"bits": 8, "bucket": 1}),
 ]
 
 

@@ -26,13 +26,20 @@ EVERY_OPERATOR = textwrap.dedent("""
         let ti, tv = topk(g, k, key=abs, index=true)
         let picked = gather(g, map(iota(k), i -> randint(n)))
         let h = map(g, x -> f16(x))
+        let bs = reduce(g, sum, key=x -> x * x, block=100)
+        let bmn = reduce(g, min, block=300)
+        let bmx = reduce(g, max, block=300)
+        let bc = reduce(map(g, x -> u32(x > 0.0)), sum, block=7)
+        let bi = reduce(map(g, x -> i32(x * 100.0)), max, block=9000)
+        let e = map(g, expand(bmn), expand(bmx), (x, a, b) -> x * a + b)
         return concat(lo, c, big, pack(map(g, x -> u8(x > 0.0) + u8(random() < 0.5)), bits=2),
-                      kept, vals, ti, tv, picked, h)
+                      kept, vals, ti, tv, picked, h, bs, bc, bi, e)
     decode(p: bytes, n: u32) -> f32[n]:
-        let lo, c, big, q, kept, vals, ti, tv, picked, h = extract(p)
+        let lo, c, big, q, kept, vals, ti, tv, picked, h, bs, bc, bi, e = extract(p)
         let a = scatter(kept, vals, n)
         let b = scatter(ti, tv, n)
-        return map(a, b, unpack(q), h, (x, y, z, w) -> x + y + f32(z) * lo + f32(w))
+        return map(a, b, unpack(q), h, expand(bs), e,
+                   (x, y, z, w, s, t) -> x + y + f32(z) * lo + f32(w) + s + t)
 """)
 
 

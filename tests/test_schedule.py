@@ -80,3 +80,21 @@ def test_hipress_dump_schedule_prints_it():
                          env={"HIPRESS_DUMP": "schedule", "PATH": ""}, check=True)
     assert "--- compll schedule ---" in out.stderr
     assert "pass over n:\n      r += g\n      lo, hi = minmax(g) direct" in out.stderr
+
+
+def test_cgx_runs_one_block_minmax_before_its_passes():
+    encode, decode = kernels(load("cgx"))
+    assert kinds(encode) == ["EncodeInput", "AddResidual", "BlockReduce", "Scalar", "Lazy",
+                             "Lazy", "Lazy", "PayloadSizes", "Pass", "Pass", "Return"]
+    (block,) = (item for item in encode.items if isinstance(item, sch.BlockReduce))
+    assert (block.op, block.name, block.other, block.block) == ("min", "lo", "hi", 512)
+    blocks_pass, element_pass = (item for item in encode.items if isinstance(item, sch.Pass))
+    assert blocks_pass.extent.kind == "blocks" and element_pass.extent.kind == "n"
+    assert [type(op).__name__ for op in element_pass.ops] == ["PackStore"]
+    assert kinds(decode) == ["CheckSections", "BindSections", "Pass", "Return"]
+
+
+def test_block_sizes_are_part_of_the_kernel():
+    encode, _ = kernels(load("zeropp", bucket=100))
+    (block,) = (item for item in encode.items if isinstance(item, sch.BlockReduce))
+    assert (block.op, block.block) == ("max", 100) and block.key is not None

@@ -45,16 +45,36 @@ inline float canonical(float x) { return hp_isnan(x) ? HP_NAN : x; }
 
 // Packed arrays that a pass reads are unpacked chunk by chunk into L1-resident bytes,
 // so element functions read st.p[k][i - st.lo]: a contiguous, vectorisable load.
+// Blockwise f32 arrays that the pass expands (one value per block of xblock[k] elements;
+// 0: one value for all) are likewise filled into L1 per chunk: st.ex(k, i) is a contiguous
+// load where reading value i / B was a gather that stopped the loops vectorising.
 struct Unpacks {
   const uint8_t* src[MAX_STAGED];
   uint32_t bits[MAX_STAGED];
   int count;
+  const uint8_t* xsrc[MAX_STAGED];
+  uint64_t xblock[MAX_STAGED];
+  int xcount;
 };
 struct Stage {
   const uint8_t* p[MAX_STAGED];
+  const float* x[MAX_STAGED];
   uint64_t lo;
   uint8_t get(int k, uint64_t i) const { return p[k][i - lo]; }
+  float ex(int k, uint64_t i) const { return x[k][i - lo]; }
 };
+
+inline void expand_chunk(float* dst, const uint8_t* src, uint64_t block, uint64_t lo,
+                         uint64_t hi) {
+  for (uint64_t i = lo; i < hi;) {
+    const uint64_t k = block ? i / block : 0;
+    const uint64_t end = block ? std::min(hi, (k + 1) * block) : hi;
+    float v;
+    std::memcpy(&v, src + 4 * k, 4);
+    std::fill(dst + (i - lo), dst + (end - lo), v);
+    i = end;
+  }
+}
 
 template <uint32_t BITS>
 inline void unpack_bits(uint8_t* dst, const uint8_t* s, uint64_t len) {
@@ -108,6 +128,7 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
 #pragma omp parallel
   {
     alignas(64) uint8_t staged[MAX_STAGED][SUM_CHUNK];
+    std::vector<float> expanded((size_t)u.xcount * SUM_CHUNK);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; ++c) {
       const uint64_t lo = (uint64_t)c * SUM_CHUNK;
@@ -117,6 +138,10 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
       for (int k = 0; k < u.count; ++k) {
         unpack_chunk(staged[k], u.src[k], lo, hi, u.bits[k]);
         st.p[k] = staged[k];
+      }
+      for (int k = 0; k < u.xcount; ++k) {
+        expand_chunk(expanded.data() + (size_t)k * SUM_CHUNK, u.xsrc[k], u.xblock[k], lo, hi);
+        st.x[k] = expanded.data() + (size_t)k * SUM_CHUNK;
       }
       (ops.chunk(lo, hi, c, st), ...);
     }
@@ -150,6 +175,58 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 // abs and selects) fills each vector from f itself, 8 calls the compiler turns into vector
 // operations, and saves the staging buffer's store and reload. Other functions (the RNG,
 // casts, divisions) only vectorise as a loop, so they are staged.
+// One chunk of SumF32: the f64 total of f over [lo, hi) in the defined order, lanes
+// counted from lo.
+template <bool DIRECT, class F>
+inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st) {
+  hp_d8 acc[4];
+  for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
+  for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
+    const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
+    hp_f8 p[4];
+    for (hp_f8& v : p) v = hp_f8{0, 0, 0, 0, 0, 0, 0, 0};
+    const uint64_t whole = len / 32 * 32;
+    if constexpr (DIRECT) {
+      const uint32_t s32 = (uint32_t)s;
+      for (uint32_t j = 0; j < (uint32_t)whole; j += 32) {
+        for (int k = 0; k < 4; ++k) {
+          hp_f8 x;
+          for (uint32_t l = 0; l < 8; ++l) x[l] = f(s32 + j + 8 * k + l, st);
+          p[k] += x;
+        }
+      }
+      // Only the chunk's last block can end in a partial group of 32: its elements
+      // come last in their lanes.
+      for (uint32_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + whole + l, st);
+    } else {
+      alignas(64) float buf[SUB_BLOCK];
+      eval_chunk(buf, s, s + len, f, st);
+      for (uint64_t j = 0; j < whole; j += 32) {
+        for (int k = 0; k < 4; ++k) {
+          hp_f8 x;
+          std::memcpy(&x, buf + j + 8 * k, 32);
+          p[k] += x;
+        }
+      }
+      for (uint64_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += buf[whole + l];
+    }
+    for (int k = 0; k < 4; ++k) acc[k] += __builtin_convertvector(p[k], hp_d8);
+  }
+  // The lane tree's first two levels in vectors (lane 8k + m is acc[k][m]): the same
+  // pairwise adds, which a scalar tree made as costly as a small block's elements.
+  const hp_d8 w0 = __builtin_shufflevector(acc[0], acc[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                   __builtin_shufflevector(acc[0], acc[1], 1, 3, 5, 7, 9, 11, 13, 15);
+  const hp_d8 w1 = __builtin_shufflevector(acc[2], acc[3], 0, 2, 4, 6, 8, 10, 12, 14) +
+                   __builtin_shufflevector(acc[2], acc[3], 1, 3, 5, 7, 9, 11, 13, 15);
+  const hp_d8 v = __builtin_shufflevector(w0, w1, 0, 2, 4, 6, 8, 10, 12, 14) +
+                  __builtin_shufflevector(w0, w1, 1, 3, 5, 7, 9, 11, 13, 15);
+  double lane[8];
+  for (int m = 0; m < 8; ++m) lane[m] = v[m];
+  for (int width = 4; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) lane[l] = lane[2 * l] + lane[2 * l + 1];
+  return lane[0];
+}
+
 template <class F, bool DIRECT>
 struct SumF32 {
   F f;
@@ -157,46 +234,7 @@ struct SumF32 {
   std::vector<double> part;
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0.0); }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    const F f = this->f;
-    hp_d8 acc[4];
-    for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
-    for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
-      const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
-      hp_f8 p[4];
-      for (hp_f8& v : p) v = hp_f8{0, 0, 0, 0, 0, 0, 0, 0};
-      const uint64_t whole = len / 32 * 32;
-      if constexpr (DIRECT) {
-        const uint32_t s32 = (uint32_t)s;
-        for (uint32_t j = 0; j < (uint32_t)whole; j += 32) {
-          for (int k = 0; k < 4; ++k) {
-            hp_f8 x;
-            for (uint32_t l = 0; l < 8; ++l) x[l] = f(s32 + j + 8 * k + l, st);
-            p[k] += x;
-          }
-        }
-        // Only the chunk's last block can end in a partial group of 32: its elements
-        // come last in their lanes.
-        for (uint32_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + whole + l, st);
-      } else {
-        alignas(64) float buf[SUB_BLOCK];
-        eval_chunk(buf, s, s + len, f, st);
-        for (uint64_t j = 0; j < whole; j += 32) {
-          for (int k = 0; k < 4; ++k) {
-            hp_f8 x;
-            std::memcpy(&x, buf + j + 8 * k, 32);
-            p[k] += x;
-          }
-        }
-        for (uint64_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += buf[whole + l];
-      }
-      for (int k = 0; k < 4; ++k) acc[k] += __builtin_convertvector(p[k], hp_d8);
-    }
-    double lane[32];
-    for (int k = 0; k < 4; ++k)
-      for (int m = 0; m < 8; ++m) lane[8 * k + m] = acc[k][m];
-    for (int width = 16; width >= 1; width /= 2)
-      for (int l = 0; l < width; ++l) lane[l] = lane[2 * l] + lane[2 * l + 1];
-    part[(size_t)c] = lane[0];
+    part[(size_t)c] = sum_chunk<DIRECT>(this->f, lo, hi, st);
   }
   void finish() {
     double total = 0.0;
@@ -233,6 +271,75 @@ SumInt<T, F> sum_int(F f, T* out) { return {f, out, {}}; }
 // max/min over floats ignore NaN; a zero result is +0; all-NaN gives the canonical NaN;
 // empty gives -inf / +inf. MIN and MAX say which the op computes: both (minmax8's min and
 // max of the gradient, ``minmax_f32``) share one evaluation of f. DIRECT as for SumF32.
+inline hp_f8 hp_vmin(hp_f8 v, hp_f8 a) { return v < a ? v : a; }
+inline hp_f8 hp_vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
+
+// One chunk of ExtremeF32: the NaN-ignoring min (MIN) and max (MAX) of f over [lo, hi)
+// into bmin / bmax (still +-inf when every element is NaN); returns whether all are NaN.
+template <bool MIN, bool MAX, bool DIRECT, class F>
+inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st, float& min_out,
+                          float& max_out) {
+  // Four independent 8-lane accumulators per result, so the loop runs at load speed
+  // rather than at the latency of one chain of compares. A NaN never wins a
+  // comparison, so it is skipped with no extra work; max/min of the rest is order-free
+  // (a zero result is made +0 at the end).
+  hp_f8 mn[4], mx[4];
+  for (int k = 0; k < 4; ++k) {
+    mn[k] = hp_f8{HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF};
+    mx[k] = -mn[k];
+  }
+  float bmin = HP_INF, bmax = -HP_INF;
+  auto group = [&](const hp_f8& v, int k) {
+    if constexpr (MIN) mn[k] = hp_vmin(v, mn[k]);
+    if constexpr (MAX) mx[k] = hp_vmax(v, mx[k]);
+  };
+  auto one = [&](float x) {
+    if constexpr (MIN) bmin = hp_fmin(bmin, x);
+    if constexpr (MAX) bmax = hp_fmax(bmax, x);
+  };
+  if constexpr (DIRECT) {
+    uint32_t i = (uint32_t)lo;
+    const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
+    for (; i + 32 <= lim; i += 32) {
+      for (int k = 0; k < 4; ++k) {
+        hp_f8 v;
+        for (uint32_t l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
+        group(v, k);
+      }
+    }
+    for (; i < (uint32_t)hi; ++i) one((float)f(i, st));
+  } else {
+    alignas(64) float buf[SUB_BLOCK];
+    for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
+      const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
+      eval_chunk(buf, s, s + len, f, st);
+      uint64_t j = 0;
+      for (; j + 32 <= len; j += 32) {
+        for (int k = 0; k < 4; ++k) {
+          hp_f8 v;
+          std::memcpy(&v, buf + j + 8 * k, 32);
+          group(v, k);
+        }
+      }
+      for (; j < len; ++j) one(buf[j]);
+    }
+  }
+  // The accumulators hold no NaN (a NaN never wins), so they combine lane by lane first.
+  const hp_f8 vmn = hp_vmin(hp_vmin(mn[0], mn[1]), hp_vmin(mn[2], mn[3]));
+  const hp_f8 vmx = hp_vmax(hp_vmax(mx[0], mx[1]), hp_vmax(mx[2], mx[3]));
+  for (int l = 0; l < 8; ++l) {
+    if constexpr (MIN) bmin = hp_fmin(bmin, vmn[l]);
+    if constexpr (MAX) bmax = hp_fmax(bmax, vmx[l]);
+  }
+  // Only a chunk whose results are still the initial values can be all NaN: count then.
+  uint64_t nans = 0;
+  if ((!MIN || bmin == HP_INF) && (!MAX || bmax == -HP_INF))
+    for (uint64_t i = lo; i < hi; ++i) nans += hp_isnan((float)f(i, st));
+  min_out = bmin;
+  max_out = bmax;
+  return nans == hi - lo;
+}
+
 template <bool MIN, bool MAX, class F, bool DIRECT>
 struct ExtremeF32 {
   F f;
@@ -245,67 +352,9 @@ struct ExtremeF32 {
     hi_part.assign((size_t)chunks, -HP_INF);
     all_nan.assign((size_t)chunks, 1);
   }
-  static hp_f8 vmin(hp_f8 v, hp_f8 a) { return v < a ? v : a; }
-  static hp_f8 vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
-    // Four independent 8-lane accumulators per result, so the loop runs at load speed
-    // rather than at the latency of one chain of compares. A NaN never wins a
-    // comparison, so it is skipped with no extra work; max/min of the rest is order-free
-    // (a zero result is made +0 at the end).
-    const F f = this->f;
-    hp_f8 mn[4], mx[4];
-    for (int k = 0; k < 4; ++k) {
-      mn[k] = hp_f8{HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF, HP_INF};
-      mx[k] = -mn[k];
-    }
-    float bmin = HP_INF, bmax = -HP_INF;
-    auto group = [&](const hp_f8& v, int k) {
-      if constexpr (MIN) mn[k] = vmin(v, mn[k]);
-      if constexpr (MAX) mx[k] = vmax(v, mx[k]);
-    };
-    auto one = [&](float x) {
-      if constexpr (MIN) bmin = hp_fmin(bmin, x);
-      if constexpr (MAX) bmax = hp_fmax(bmax, x);
-    };
-    if constexpr (DIRECT) {
-      uint32_t i = (uint32_t)lo;
-      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
-      for (; i + 32 <= lim; i += 32) {
-        for (int k = 0; k < 4; ++k) {
-          hp_f8 v;
-          for (uint32_t l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
-          group(v, k);
-        }
-      }
-      for (; i < (uint32_t)hi; ++i) one((float)f(i, st));
-    } else {
-      alignas(64) float buf[SUB_BLOCK];
-      for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
-        const uint64_t len = std::min<uint64_t>(SUB_BLOCK, hi - s);
-        eval_chunk(buf, s, s + len, f, st);
-        uint64_t j = 0;
-        for (; j + 32 <= len; j += 32) {
-          for (int k = 0; k < 4; ++k) {
-            hp_f8 v;
-            std::memcpy(&v, buf + j + 8 * k, 32);
-            group(v, k);
-          }
-        }
-        for (; j < len; ++j) one(buf[j]);
-      }
-    }
-    for (int k = 0; k < 4; ++k)
-      for (int l = 0; l < 8; ++l) {
-        if constexpr (MIN) bmin = hp_fmin(bmin, mn[k][l]);
-        if constexpr (MAX) bmax = hp_fmax(bmax, mx[k][l]);
-      }
-    lo_part[(size_t)c] = bmin;
-    hi_part[(size_t)c] = bmax;
-    // Only a chunk whose results are still the initial values can be all NaN: count then.
-    uint64_t nans = 0;
-    if ((!MIN || bmin == HP_INF) && (!MAX || bmax == -HP_INF))
-      for (uint64_t i = lo; i < hi; ++i) nans += hp_isnan((float)f(i, st));
-    all_nan[(size_t)c] = nans == hi - lo;
+    all_nan[(size_t)c] = extreme_chunk<MIN, MAX, DIRECT>(this->f, lo, hi, st,
+                                                       lo_part[(size_t)c], hi_part[(size_t)c]);
   }
   void finish() {
     float bmin = HP_INF, bmax = -HP_INF;
