@@ -142,17 +142,24 @@ def _sum_f32(x: np.ndarray) -> np.float32:
     chunks = -(-n // SUM_CHUNK)
     padded = np.zeros(chunks * SUM_CHUNK, dtype=np.float32)  # +0 pads change no partial
     padded[:n] = x
+    return np.float32(np.cumsum(_lane_trees(padded.reshape(chunks, SUM_CHUNK)))[-1])
+
+
+def _lane_trees(rows: np.ndarray) -> np.ndarray:
+    """The f64 total of each row (a chunk, whole SUM_BLOCKs long) in the defined order:
+    lanes add each block's elements in f32, widen into f64 totals, then pair up a tree."""
+    count, width = rows.shape
     steps = SUM_BLOCK // SUM_LANES
-    blocks = padded.reshape(chunks, SUM_CHUNK // SUM_BLOCK, steps, SUM_LANES)
-    partial = np.zeros((chunks, SUM_CHUNK // SUM_BLOCK, SUM_LANES), dtype=np.float32)
+    groups = rows.reshape(count, width // SUM_BLOCK, steps, SUM_LANES)
+    partial = np.zeros((count, width // SUM_BLOCK, SUM_LANES), dtype=np.float32)
     for j in range(steps):
-        partial += blocks[:, :, j, :]
-    acc = np.zeros((chunks, SUM_LANES), dtype=np.float64)
-    for b in range(SUM_CHUNK // SUM_BLOCK):
+        partial += groups[:, :, j, :]
+    acc = np.zeros((count, SUM_LANES), dtype=np.float64)
+    for b in range(width // SUM_BLOCK):
         acc += partial[:, b, :].astype(np.float64)
     while acc.shape[1] > 1:
         acc = acc[:, 0::2] + acc[:, 1::2]
-    return np.float32(np.cumsum(acc[:, 0])[-1])
+    return acc[:, 0]
 
 
 #: The NaN every reduction returns (backends differ in the NaN bits arithmetic makes).
@@ -196,17 +203,7 @@ def _block_sum_f32(x: np.ndarray, block: int) -> np.ndarray:
     flat = np.zeros(count * block, dtype=np.float32)
     flat[:x.size] = x
     padded[:, :block] = flat.reshape(count, block)
-    steps = SUM_BLOCK // SUM_LANES
-    groups = padded.reshape(count, width // SUM_BLOCK, steps, SUM_LANES)
-    partial = np.zeros((count, width // SUM_BLOCK, SUM_LANES), dtype=np.float32)
-    for j in range(steps):
-        partial += groups[:, :, j, :]
-    acc = np.zeros((count, SUM_LANES), dtype=np.float64)
-    for b in range(width // SUM_BLOCK):
-        acc += partial[:, b, :].astype(np.float64)
-    while acc.shape[1] > 1:
-        acc = acc[:, 0::2] + acc[:, 1::2]
-    return (0.0 + acc[:, 0]).astype(np.float32)
+    return (0.0 + _lane_trees(padded)).astype(np.float32)
 
 
 def block_reduce(op: str, x: np.ndarray, block: int, out: str) -> np.ndarray:

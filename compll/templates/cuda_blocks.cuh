@@ -90,16 +90,7 @@ __global__ void k_segment_reduce(Segments sg, F f, T init, Combine combine, T* p
       acc = combine(acc, v);
       nan_only &= (v != v);
     }
-    vals[threadIdx.x] = acc;
-    nans[threadIdx.x] = nan_only;
-    __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-      if ((int)threadIdx.x < s) {
-        vals[threadIdx.x] = combine(vals[threadIdx.x], vals[threadIdx.x + s]);
-        nans[threadIdx.x] &= nans[threadIdx.x + s];
-      }
-      __syncthreads();
-    }
+    tree_reduce(vals, nans, acc, nan_only, combine);
     if (threadIdx.x == 0) {
       part[seg] = vals[0];
       if (all_nan) all_nan[seg] = nans[0];

@@ -141,6 +141,21 @@ __global__ inline void k_combine_lanes(uint64_t chunks, const double* lanes, dou
   part[c] = l[0];
 }
 
+// A thread block's values (and all-NaN flags) combined up a tree into vals[0], nans[0].
+template <class T, class Combine>
+__device__ void tree_reduce(T* vals, int* nans, T acc, int nan_only, Combine combine) {
+  vals[threadIdx.x] = acc;
+  nans[threadIdx.x] = nan_only;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) {
+      vals[threadIdx.x] = combine(vals[threadIdx.x], vals[threadIdx.x + s]);
+      nans[threadIdx.x] &= nans[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+}
+
 // Per-chunk partials of order-free reductions: one block per chunk.
 template <class T, class F, class Combine>
 __global__ void k_chunk_reduce(uint64_t len, F f, Stage st, T init, Combine combine, T* part,
@@ -156,16 +171,7 @@ __global__ void k_chunk_reduce(uint64_t len, F f, Stage st, T init, Combine comb
     acc = combine(acc, v);
     nan_only &= (v != v);
   }
-  vals[threadIdx.x] = acc;
-  nans[threadIdx.x] = nan_only;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if ((int)threadIdx.x < s) {
-      vals[threadIdx.x] = combine(vals[threadIdx.x], vals[threadIdx.x + s]);
-      nans[threadIdx.x] &= nans[threadIdx.x + s];
-    }
-    __syncthreads();
-  }
+  tree_reduce(vals, nans, acc, nan_only, combine);
   if (threadIdx.x == 0) {
     part[blockIdx.x] = vals[0];
     if (all_nan) all_nan[blockIdx.x] = nans[0];
