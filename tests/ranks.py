@@ -66,6 +66,26 @@ def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = N
     return results
 
 
+def resumed_bit_for_bit(scenario: str, out: Path, args: dict[str, Any],
+                        script: Path = HERE / "ranks.py") -> list[dict[str, Any]]:
+    """The checkpoint round trip on 2 ranks: 12 steps straight, or 6, a checkpoint, fresh
+    processes, 6 more. Asserts every run exits 0 and both end on the same parameters to the
+    bit on every rank; returns the straight run's results."""
+    def run(name: str, **more: Any) -> list[dict[str, Any]]:
+        results = launch(2, scenario, out / name, {**args, **more}, script=script)
+        for r in results:
+            assert r["rc"] == 0, r["log"][-3000:]
+        return results
+
+    straight = run("straight", start=0, steps=12)
+    run("first", start=0, steps=6, save=str(out / "ckpt"))
+    second = run("second", start=6, steps=6, load=str(out / "ckpt"))
+    for rank in range(2):
+        a, b = straight[rank]["arrays"]["params"], second[rank]["arrays"]["params"]
+        assert a.tobytes() == b.tobytes(), f"rank {rank}: max diff {np.abs(a - b).max()}"
+    return straight
+
+
 def data(rank: int, index: int, n: int, step: int = 0) -> np.ndarray:
     """The gradient rank ``rank`` holds for tensor ``index`` (tests regenerate it)."""
     r = np.random.default_rng([rank, index, step])

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("mxnet")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the rank launcher
-from ranks import launch  # noqa: E402
+from ranks import launch, resumed_bit_for_bit  # noqa: E402
 
 SCENARIOS = Path(__file__).resolve().parent / "scenarios.py"
 
@@ -86,18 +86,4 @@ def test_example_runs_under_the_launcher(tmp_path):
 def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo):
     """12 steps straight, or 6, a checkpoint (weights and HiPress's state), fresh
     processes, 6 more: the same weights to the bit on every rank."""
-    args = {"algo": algo, "mode": mode}
-
-    def run(name: str, **more: object) -> list[dict]:
-        results = launch(2, "mx_checkpoint", tmp_path / name, {**args, **more}, timeout=300,
-                         script=SCENARIOS)
-        for r in results:
-            assert r["rc"] == 0, r["log"][-3000:]
-        return results
-
-    straight = run("straight", start=0, steps=12)
-    run("first", start=0, steps=6, save=str(tmp_path / "ckpt"))
-    second = run("second", start=6, steps=6, load=str(tmp_path / "ckpt"))
-    for rank in range(2):
-        a, b = straight[rank]["arrays"]["params"], second[rank]["arrays"]["params"]
-        assert a.tobytes() == b.tobytes(), f"rank {rank}: max diff {abs(a - b).max()}"
+    resumed_bit_for_bit("mx_checkpoint", tmp_path, {"algo": algo, "mode": mode}, script=SCENARIOS)
