@@ -183,9 +183,8 @@ class ExprRenderer:
             arr = self.arrays[e.name]
             if arr.kind == "packed":
                 raise BuildError(f"packed array {e.name!r} is only readable through unpack")
-            if (self.stage_expands and self.stage_index is not None and arr.value is not None
-                    and not arr.buffer and e.name not in self.block_bytes
-                    and self.expands(arr.value)):
+            if self.stage_expands and self.stage_index is not None and self.expands(e):
+                assert arr.value is not None
                 return self.expr(arr.value)  # inline, so its expand reads the pass's staging
             return f"a_{self.safe(e.name)}({self.index})"
         if e.name in self.scalars:

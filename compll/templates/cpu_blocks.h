@@ -10,6 +10,10 @@
 namespace hp {
 
 inline uint64_t blocks(uint64_t len, uint64_t b) { return b ? (len + b - 1) / b : 1; }
+// Segments per block: a block's chunks of at most SUM_CHUNK elements (at least one).
+inline uint64_t per_block(uint64_t len, uint64_t b) {
+  return std::max<uint64_t>(1, ((b ? b : len) + SUM_CHUNK - 1) / SUM_CHUNK);
+}
 
 // An array of one value per block, evaluated once (expand reads it per element).
 template <class T, class F>
@@ -25,8 +29,7 @@ buffer<T> materialize(uint64_t len, F f) {
 // reduces chunk c of block k; fold(k, chunks) combines a block's chunk results in order.
 template <class Seg, class Fold>
 inline void each_block(uint64_t len, uint64_t b, Seg seg, Fold fold) {
-  const uint64_t count = blocks(len, b), size = b ? b : len;
-  const uint64_t per = std::max<uint64_t>(1, (size + SUM_CHUNK - 1) / SUM_CHUNK);
+  const uint64_t count = blocks(len, b), size = b ? b : len, per = per_block(len, b);
   if (per == 1) {  // a block is one segment: no index arithmetic per segment
 #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < (int64_t)count; ++k) {
@@ -56,7 +59,7 @@ struct Plain {  // a block function f(i) in the (i, Stage) shape of the chunk re
 
 template <class F>
 void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
-  const uint64_t per = std::max<uint64_t>(1, ((b ? b : len) + SUM_CHUNK - 1) / SUM_CHUNK);
+  const uint64_t per = per_block(len, b);
   std::vector<double> part(blocks(len, b) * per, 0.0);
   const Plain<F> fs{f};
   each_block(
@@ -73,7 +76,7 @@ void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
 
 template <class T, class F>
 void block_sum_int(uint64_t len, uint64_t b, F f, T* out) {
-  const uint64_t per = std::max<uint64_t>(1, ((b ? b : len) + SUM_CHUNK - 1) / SUM_CHUNK);
+  const uint64_t per = per_block(len, b);
   std::vector<uint32_t> part(blocks(len, b) * per, 0u);
   each_block(
       len, b,
@@ -92,7 +95,7 @@ void block_sum_int(uint64_t len, uint64_t b, F f, T* out) {
 // The min (into lo, when MIN) and max (into hi, when MAX) of every block.
 template <bool MIN, bool MAX, class F>
 void block_extremes_f32(uint64_t len, uint64_t b, F f, float* lo_out, float* hi_out) {
-  const uint64_t per = std::max<uint64_t>(1, ((b ? b : len) + SUM_CHUNK - 1) / SUM_CHUNK);
+  const uint64_t per = per_block(len, b);
   const uint64_t n = blocks(len, b) * per;
   std::vector<float> mins(n, HP_INF), maxs(n, -HP_INF);
   std::vector<uint8_t> nan_only(n, 1);
@@ -105,19 +108,16 @@ void block_extremes_f32(uint64_t len, uint64_t b, F f, float* lo_out, float* hi_
                                                                    maxs[j]);
       },
       [&](uint64_t k, uint64_t chunks) {
+        // An empty trailing segment keeps the identities and its all-NaN flag of 1, so it
+        // changes nothing; only an empty array (one block of none) is no NaN.
         float mn = HP_INF, mx = -HP_INF;
-        bool nan = true, empty = true;
+        bool nan = len > 0;
         for (uint64_t c = 0; c < chunks; ++c) {
           const uint64_t j = k * per + c;
-          const uint64_t lo = std::min(len, k * (b ? b : len) + c * SUM_CHUNK);
-          const uint64_t end = std::min(len, (k + 1) * (b ? b : len));
-          if (lo >= end) continue;  // past the end of a short last block
-          empty = false;
           mn = hp_fmin(mn, mins[j]);
           mx = hp_fmax(mx, maxs[j]);
           nan = nan && nan_only[j];
         }
-        nan = nan && !empty;
         if constexpr (MIN) lo_out[k] = nan ? HP_NAN : (mn == 0.0f ? 0.0f : mn);
         if constexpr (MAX) hi_out[k] = nan ? HP_NAN : (mx == 0.0f ? 0.0f : mx);
       });
@@ -134,7 +134,7 @@ void block_minmax_f32(uint64_t len, uint64_t b, F f, float* lo, float* hi) {
 template <bool IS_MAX, class T, class F>
 void block_extreme_int(uint64_t len, uint64_t b, F f, T* out) {
   const T init = IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
-  const uint64_t per = std::max<uint64_t>(1, ((b ? b : len) + SUM_CHUNK - 1) / SUM_CHUNK);
+  const uint64_t per = per_block(len, b);
   std::vector<T> part(blocks(len, b) * per, init);
   each_block(
       len, b,

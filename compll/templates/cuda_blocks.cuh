@@ -108,19 +108,16 @@ __global__ void k_segment_finish(Segments sg, const T* part, const int* all_nan,
                                  Combine combine, T* out) {
   for (uint64_t k = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; k < sg.count / sg.per;
        k += (uint64_t)gridDim.x * blockDim.x) {
+    // An empty trailing segment holds the identity and an all-NaN flag of 1, so it
+    // changes nothing; only an empty array (one block of none) is no NaN.
     T acc = init;
-    bool nan = FLOAT;
-    bool any = false;
+    bool nan = FLOAT && sg.len > 0;
     for (uint64_t c = 0; c < sg.per; ++c) {
-      uint64_t lo, hi;
-      sg.range(k * sg.per + c, &lo, &hi);
-      if (lo >= hi) continue;
-      any = true;
       acc = combine(acc, part[k * sg.per + c]);
       if (FLOAT) nan = nan && all_nan[k * sg.per + c];
     }
     if constexpr (FLOAT) {
-      out[k] = (nan && any) ? (T)HP_NAN : (acc == (T)0 ? (T)0 : acc);
+      out[k] = nan ? (T)HP_NAN : (acc == (T)0 ? (T)0 : acc);
     } else {
       out[k] = acc;
     }
