@@ -199,6 +199,7 @@ class CRenderer(ExprRenderer):
         float_op = item.operand in FLOATS
         fn = self.keyed_fn(item.array, item.key, "f32" if float_op else item.operand)
         is_max = "true" if item.op == "max" else "false"
+        direct = "true" if item.direct else "false"
         buf = self.fresh("blk")
         self.emit(f"hp::buffer<{t}> {buf}({count});")
         args = f"{self.length(item.array)}, {item.block}u, {fn}, {buf}.data()"
@@ -207,16 +208,16 @@ class CRenderer(ExprRenderer):
             self.emit(f"hp::buffer<{t}> {other}({count});")
             lo, hi = (buf, other) if item.op == "min" else (other, buf)
             args = f"{self.length(item.array)}, {item.block}u, {fn}, {lo}.data(), {hi}.data()"
-            self.emit(f"hp::block_minmax_f32({args});")
+            self.emit(f"hp::block_minmax_f32<{direct}>({args});")
             self.bind_buffer(item.other, other, item.elem)
             if item.elem == "f32":
                 self.block_bytes[item.other] = f"(const uint8_t*)b_{self.safe(item.other)}"
         elif item.op == "sum" and float_op:
-            self.emit(f"hp::block_sum_f32({args});")
+            self.emit(f"hp::block_sum_f32<{direct}>({args});")
         elif item.op == "sum":
             self.emit(f"hp::block_sum_int<{t}>({args});")
         elif float_op:
-            self.emit(f"hp::block_extreme_f32<{is_max}>({args});")
+            self.emit(f"hp::block_extreme_f32<{is_max}, {direct}>({args});")
         else:
             self.emit(f"hp::block_extreme_int<{is_max}, {self.ctype(item.operand)}>({args});")
         self.bind_buffer(n, buf, item.elem)

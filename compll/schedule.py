@@ -240,6 +240,7 @@ class BlockReduce:
     operand: str
     elem: str
     block: int
+    direct: bool = False
     other: str = ""
 
 
@@ -376,7 +377,9 @@ def _show_item(item: Item) -> list[str]:
         names = f"{item.name}, {item.other}" if item.other else item.name
         key = f", key={show(item.key)}" if item.key is not None else ""
         what = "minmax" if item.other else item.op
-        return [f"barrier {names} = block {what}({show(item.array)}{key}, block={item.block})"]
+        direct = " direct" if item.direct else ""
+        return [f"barrier {names} = block {what}({show(item.array)}{key}, block={item.block})"
+                + direct]
     if isinstance(item, AddResidual):
         return ["r += g"]
     if isinstance(item, EncodeInput):

@@ -155,18 +155,18 @@ class _Builder:
         assert key is None or isinstance(key, ir.Lambda)
         operand = e.operand_ty.elem
         deps = self.deps_of(e)
+        direct = (operand in FLOATS and self.options.direct_reductions and self.cheap(a)
+                  and (key is None or self.cheap(key)))
         if e.ty.kind == "array":  # blockwise
             self.buffer(name, e.ty.elem)
             self.arrays[name] = dataclasses.replace(self.arrays[name],
                                                     extent=Extent("blocks", base=self.extent(a),
                                                                   block=_block(e)))
-            self.put(BlockReduce(name, op.name, a, key, operand, e.ty.elem, _block(e)),
+            self.put(BlockReduce(name, op.name, a, key, operand, e.ty.elem, _block(e), direct),
                      "barrier", deps, (name,))
             return
         out = e.ty.elem
         self.scalars[name] = out
-        direct = (operand in FLOATS and self.options.direct_reductions and self.cheap(a)
-                  and (key is None or self.cheap(key)))
         loop: LoopOp
         if op.name == "sum":
             loop = Sum(name, a, key, operand, out, direct)
@@ -364,7 +364,7 @@ def merge_block_extremes(items: list[Item]) -> list[Item]:
         if (isinstance(item, BlockReduce) and isinstance(prev, BlockReduce)
                 and not prev.other and {item.op, prev.op} == {"min", "max"}
                 and item.operand in FLOATS and prev.operand in FLOATS
-                and item.block == prev.block
+                and item.block == prev.block and item.direct == prev.direct
                 and (shape(item.array), shape(item.key)) == (shape(prev.array), shape(prev.key))):
             prev.other = item.name
             continue

@@ -49,15 +49,13 @@ inline void each_block(uint64_t len, uint64_t b, Seg seg, Fold fold) {
   for (int64_t k = 0; k < (int64_t)count; ++k) fold((uint64_t)k, per);
 }
 
-// Block reductions stage elements through L1 (DIRECT = false): filling vectors straight
-// from f lost its vector loads inside the block loop and ran at half the speed.
 template <class F>
 struct Plain {  // a block function f(i) in the (i, Stage) shape of the chunk reductions
   F f;
-  auto operator()(uint32_t i, const Stage&) const { return f(i); }
+  auto operator()(uint64_t i, const Stage&) const { return f(i); }
 };
 
-template <class F>
+template <bool DIRECT = false, class F>
 void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
   const uint64_t per = per_block(len, b);
   std::vector<double> part(blocks(len, b) * per, 0.0);
@@ -65,7 +63,7 @@ void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
   each_block(
       len, b,
       [&](uint64_t k, uint64_t c, uint64_t lo, uint64_t hi) {
-        part[k * per + c] = lo < hi ? sum_chunk<false>(fs, lo, hi, Stage{}) : 0.0;
+        part[k * per + c] = lo < hi ? sum_chunk<DIRECT, uint64_t>(fs, lo, hi, Stage{}) : 0.0;
       },
       [&](uint64_t k, uint64_t chunks) {
         double total = 0.0;
@@ -93,7 +91,7 @@ void block_sum_int(uint64_t len, uint64_t b, F f, T* out) {
 }
 
 // The min (into lo, when MIN) and max (into hi, when MAX) of every block.
-template <bool MIN, bool MAX, class F>
+template <bool MIN, bool MAX, bool DIRECT, class F>
 void block_extremes_f32(uint64_t len, uint64_t b, F f, float* lo_out, float* hi_out) {
   const uint64_t per = per_block(len, b);
   const uint64_t n = blocks(len, b) * per;
@@ -104,7 +102,8 @@ void block_extremes_f32(uint64_t len, uint64_t b, F f, float* lo_out, float* hi_
       len, b,
       [&](uint64_t k, uint64_t c, uint64_t lo, uint64_t hi) {
         const uint64_t j = k * per + c;
-        if (lo < hi) nan_only[j] = extreme_chunk<MIN, MAX, false>(fs, lo, hi, Stage{}, mins[j],
+        if (lo < hi)
+          nan_only[j] = extreme_chunk<MIN, MAX, DIRECT, uint64_t>(fs, lo, hi, Stage{}, mins[j],
                                                                    maxs[j]);
       },
       [&](uint64_t k, uint64_t chunks) {
@@ -122,13 +121,13 @@ void block_extremes_f32(uint64_t len, uint64_t b, F f, float* lo_out, float* hi_
         if constexpr (MAX) hi_out[k] = nan ? HP_NAN : (mx == 0.0f ? 0.0f : mx);
       });
 }
-template <bool IS_MAX, class F>
+template <bool IS_MAX, bool DIRECT = false, class F>
 void block_extreme_f32(uint64_t len, uint64_t b, F f, float* out) {
-  block_extremes_f32<!IS_MAX, IS_MAX>(len, b, f, out, out);
+  block_extremes_f32<!IS_MAX, IS_MAX, DIRECT>(len, b, f, out, out);
 }
-template <class F>
+template <bool DIRECT = false, class F>
 void block_minmax_f32(uint64_t len, uint64_t b, F f, float* lo, float* hi) {
-  block_extremes_f32<true, true>(len, b, f, lo, hi);
+  block_extremes_f32<true, true, DIRECT>(len, b, f, lo, hi);
 }
 
 template <bool IS_MAX, class T, class F>

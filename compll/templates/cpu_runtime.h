@@ -177,7 +177,9 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 // casts, divisions) only vectorise as a loop, so they are staged.
 // One chunk of SumF32: the f64 total of f over [lo, hi) in the defined order, lanes
 // counted from lo.
-template <bool DIRECT, class F>
+// I is the DIRECT loops' index: 32 bits in fused passes (see above); blockwise reductions
+// use 64, with which GCC keeps the eight loads of a vector one load inside their loop.
+template <bool DIRECT, class I = uint32_t, class F>
 inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st) {
   hp_d8 acc[4];
   for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
@@ -187,17 +189,17 @@ inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st) {
     for (hp_f8& v : p) v = hp_f8{0, 0, 0, 0, 0, 0, 0, 0};
     const uint64_t whole = len / 32 * 32;
     if constexpr (DIRECT) {
-      const uint32_t s32 = (uint32_t)s;
-      for (uint32_t j = 0; j < (uint32_t)whole; j += 32) {
+      const I s32 = (I)s;
+      for (I j = 0; j < (I)whole; j += 32) {
         for (int k = 0; k < 4; ++k) {
           hp_f8 x;
-          for (uint32_t l = 0; l < 8; ++l) x[l] = f(s32 + j + 8 * k + l, st);
+          for (I l = 0; l < 8; ++l) x[l] = f(s32 + j + 8 * k + l, st);
           p[k] += x;
         }
       }
       // Only the chunk's last block can end in a partial group of 32: its elements
       // come last in their lanes.
-      for (uint32_t l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + whole + l, st);
+      for (I l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + (I)whole + l, st);
     } else {
       alignas(64) float buf[SUB_BLOCK];
       eval_chunk(buf, s, s + len, f, st);
@@ -276,7 +278,7 @@ inline hp_f8 hp_vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
 
 // One chunk of ExtremeF32: the NaN-ignoring min (MIN) and max (MAX) of f over [lo, hi)
 // into bmin / bmax (still +-inf when every element is NaN); returns whether all are NaN.
-template <bool MIN, bool MAX, bool DIRECT, class F>
+template <bool MIN, bool MAX, bool DIRECT, class I = uint32_t, class F>
 inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st, float& min_out,
                           float& max_out) {
   // Four independent 8-lane accumulators per result, so the loop runs at load speed
@@ -298,16 +300,16 @@ inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st, 
     if constexpr (MAX) bmax = hp_fmax(bmax, x);
   };
   if constexpr (DIRECT) {
-    uint32_t i = (uint32_t)lo;
-    const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
+    I i = (I)lo;
+    const I lim = (I)std::min<uint64_t>(hi, GROUP_LIMIT);
     for (; i + 32 <= lim; i += 32) {
       for (int k = 0; k < 4; ++k) {
         hp_f8 v;
-        for (uint32_t l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
+        for (I l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
         group(v, k);
       }
     }
-    for (; i < (uint32_t)hi; ++i) one((float)f(i, st));
+    for (; i < (I)hi; ++i) one((float)f(i, st));
   } else {
     alignas(64) float buf[SUB_BLOCK];
     for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {

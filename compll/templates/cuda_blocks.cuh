@@ -64,7 +64,7 @@ __global__ inline void k_block_sum_finish(Segments sg, const double* lanes, floa
   }
 }
 
-template <class F>
+template <bool DIRECT = false, class F>
 void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
   const Segments sg = segments(len, b);
   if (!sg.count) return;
@@ -140,7 +140,7 @@ void block_sum_int(uint64_t len, uint64_t b, F f, T* out) {
   check(cudaGetLastError(), "block sum kernel");
 }
 
-template <bool IS_MAX, class F>
+template <bool IS_MAX, bool DIRECT = false, class F>
 void block_extreme_f32(uint64_t len, uint64_t b, F f, float* out) {
   const Segments sg = segments(len, b);
   if (!sg.count) return;
@@ -155,7 +155,7 @@ void block_extreme_f32(uint64_t len, uint64_t b, F f, float* out) {
   check(cudaGetLastError(), "block max/min kernel");
 }
 
-template <class F>
+template <bool DIRECT = false, class F>
 void block_minmax_f32(uint64_t len, uint64_t b, F f, float* lo, float* hi) {
   block_extreme_f32<false>(len, b, f, lo);
   block_extreme_f32<true>(len, b, f, hi);
