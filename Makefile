@@ -23,7 +23,7 @@ venv-mx: $(MX_STAMP)
 $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,cuda]'
 	touch $(STAMP)
 
 $(TF_STAMP): $(DEPS)

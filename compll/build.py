@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
@@ -27,7 +28,8 @@ from .constants import header_text
 from .diagnostics import BuildError
 from .render import render
 
-__all__ = ["Artifact", "build", "cache_dir", "compiler_for", "CPU_FLAGS", "CUDA_ARCHS"]
+__all__ = ["Artifact", "build", "cache_dir", "compiler_for", "cuda_archs", "pip_nvcc",
+           "CPU_FLAGS", "CUDA_ARCHS"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: No -ffast-math and no FMA contraction: kernels must round exactly like the interpreter.
@@ -37,6 +39,7 @@ CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-ffp-contract=off",
              "-fno-math-errno", "-fno-trapping-math", "-march=native", "-w")
 #: The CPU source compiles as two objects at once (encoder, decoder), then links.
 CPU_PARTS = ("-DHP_PART=1", "-DHP_PART=2")
+#: Architectures built when no device says which (``cuda_archs``).
 CUDA_ARCHS = ("80", "90")
 CUDA_FLAGS = ("-std=c++17", "-O3", "--extended-lambda", "--fmad=false", "-Xcompiler",
               "-fPIC", "-shared", "-w")
@@ -59,22 +62,64 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "hipress"
 
 
+def pip_nvcc() -> str | None:
+    """NVIDIA's pip-packaged nvcc in this environment (``pip install 'hipress[cuda]'``
+    installs ``nvidia-cuda-nvcc``: ``nvidia/cu13/bin/nvcc``, or ``nvidia/cuda_nvcc/bin``
+    for CUDA 12's wheels), or None."""
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for found in sorted(Path(root).glob("*/bin/nvcc"), reverse=True):  # newest cuXY
+            if os.access(found, os.X_OK):
+                return str(found)
+    return None
+
+
 def compiler_for(target: str) -> str:
-    """The compiler executable for a target, or BuildError saying which variable to set."""
+    """The compiler executable for a target, or BuildError saying which variable to set.
+
+    CUDA: ``NVCC`` if set, else the environment's pip nvcc (it matches the toolkit the
+    user installed with HiPress), else ``nvcc`` on the PATH. NVRTC is no option: the
+    generated CUDA source holds host code (launches, the scalar logic) as well as kernels,
+    and NVRTC compiles device code only."""
     if target == "cpu":
         names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
         var = "CXX"
     else:
         names = [os.environ["NVCC"]] if os.environ.get("NVCC") else ["nvcc"]
         var = "NVCC"
+        if not os.environ.get("NVCC"):
+            found = pip_nvcc()
+            if found:
+                return found
     for name in names:
         found = shutil.which(name)
         if found:
             return found
+    hint = " (or pip install 'hipress[cuda]')" if target == "cuda" else ""
     raise BuildError(
         f"no {'C++' if target == 'cpu' else 'CUDA'} compiler found (tried {', '.join(names)}); "
-        f"install one or set {var} to its path"
+        f"install one{hint} or set {var} to its path"
     )
+
+
+def cuda_archs() -> tuple[str, ...]:
+    """The SM architectures to build: ``HIPRESS_CUDA_ARCHS`` (``"80,90"``), else the
+    visible devices' compute capabilities, else ``CUDA_ARCHS``."""
+    raw = os.environ.get("HIPRESS_CUDA_ARCHS", "").replace(" ", "")
+    if raw:
+        archs = tuple(dict.fromkeys(raw.split(",")))
+        if not all(a.isdigit() and len(a) in (2, 3) for a in archs):
+            raise BuildError(f"HIPRESS_CUDA_ARCHS={raw!r}: give SM numbers such as 80,90")
+        return archs
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            caps = {torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count())}
+            return tuple(sorted(f"{major}{minor}" for major, minor in caps))
+    except Exception:  # noqa: BLE001  (no torch, or no driver: build the default set)
+        pass
+    return CUDA_ARCHS
 
 
 @functools.lru_cache(maxsize=8)
@@ -110,8 +155,8 @@ def _runtime_text(target: str) -> str:
     return header_text() + "".join((_TEMPLATES / n).read_text() for n in names)
 
 
-def _steps(target: str, compiler: str, source: Path,
-           library: Path) -> list[list[list[str]]]:
+def _steps(target: str, compiler: str, source: Path, library: Path,
+           archs: tuple[str, ...] = CUDA_ARCHS) -> list[list[list[str]]]:
     """The compiler runs for one build: steps run in order, the commands of a step at once."""
     # hp_constants.h is rendered next to the source, so the folder goes on the path too
     include = [f"-I{source.parent}", f"-I{_TEMPLATES}"]
@@ -121,7 +166,7 @@ def _steps(target: str, compiler: str, source: Path,
                         for part, obj in zip(CPU_PARTS, objects, strict=True)]
         link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
         return [compile_step, [link]]
-    arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in CUDA_ARCHS]
+    arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     return [[[compiler, *CUDA_FLAGS, *arch, *include, str(source), "-o", str(library)]]]
 
 
@@ -167,14 +212,15 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
         use_cache = os.environ.get("HIPRESS_NO_CACHE", "") in ("", "0")
     source = render(program, target)
     compiler = compiler_for(target)
-    flags = CPU_FLAGS + CPU_PARTS if target == "cpu" else CUDA_FLAGS + CUDA_ARCHS
+    archs = cuda_archs() if target == "cuda" else ()
+    flags = CPU_FLAGS + CPU_PARTS if target == "cpu" else CUDA_FLAGS + archs
     key = hashlib.sha256("\0".join([
         source, _runtime_text(target), _compiler_version(compiler), " ".join(flags), target,
         _host_signature() if target == "cpu" else "",
     ]).encode()).hexdigest()[:32]
     if not use_cache:
         folder = Path(tempfile.mkdtemp(prefix="hipress-build-"))
-        return _compile(target, compiler, source, folder, key, program.name)
+        return _compile(target, compiler, source, folder, key, program.name, archs)
     folder = cache_dir() / target / key
     library = folder / f"{program.name}.so"
     if library.exists():
@@ -186,13 +232,13 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
             if library.exists():
                 return Artifact(library, folder / f"{program.name}{_suffix(target)}", key,
                                 True, 0.0)
-            return _compile(target, compiler, source, folder, key, program.name)
+            return _compile(target, compiler, source, folder, key, program.name, archs)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
-             name: str) -> Artifact:
+             name: str, archs: tuple[str, ...]) -> Artifact:
     started = time.perf_counter()
     src_path = folder / f"{name}{_suffix(target)}"
     lib_path = folder / f"{name}.so"
@@ -201,7 +247,7 @@ def _compile(target: str, compiler: str, source: str, folder: Path, key: str,
     tmp_src.write_text(source)
     (folder / "hp_constants.h").write_text(header_text())
     try:
-        for step in _steps(target, compiler, tmp_src, tmp_lib):
+        for step in _steps(target, compiler, tmp_src, tmp_lib, archs):
             failed = _run_all(step)
             if failed is not None:
                 tmp_lib.unlink(missing_ok=True)

@@ -1,5 +1,9 @@
-"""Generated CUDA kernels: compile for sm_80 and sm_90 here; run where a GPU exists."""
+"""Generated CUDA kernels: compile for sm_80 and sm_90 here; run where a GPU exists.
 
+Where NVIDIA's pip nvcc is installed (``hipress[cuda]``, as ``make test`` does), every
+build here runs with no nvcc on the PATH, so the pip-only route is what compiles them."""
+
+import os
 import shutil
 import textwrap
 
@@ -9,9 +13,53 @@ from conftest import ALGORITHMS, gradient
 
 import hipress
 from compll import load, load_source
-from compll.build import build
+from compll.build import build, compiler_for, cuda_archs, pip_nvcc
+from compll.diagnostics import BuildError
 
-needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None and pip_nvcc() is None,
+                                reason="no nvcc: pip install 'hipress[cuda]'")
+
+
+def _without_nvcc_on_path() -> str:
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not os.path.exists(os.path.join(d, "nvcc")))
+
+
+@pytest.fixture(autouse=True)
+def pip_route_only(monkeypatch):
+    """With a pip nvcc, hide any system one: the builds below must not need it."""
+    if pip_nvcc() is not None:
+        monkeypatch.setenv("PATH", _without_nvcc_on_path())
+        monkeypatch.delenv("NVCC", raising=False)
+        monkeypatch.delenv("HIPRESS_CUDA_ARCHS", raising=False)
+
+
+@pytest.mark.skipif(pip_nvcc() is None, reason="NVIDIA's pip nvcc is not installed")
+def test_the_pip_nvcc_is_used_without_a_system_toolkit():
+    assert shutil.which("nvcc") is None  # the fixture hid the system one
+    assert compiler_for("cuda") == pip_nvcc()
+    assert "site-packages" in pip_nvcc() and pip_nvcc().endswith("/bin/nvcc")
+
+
+@needs_nvcc
+def test_cache_keys_differ_by_architecture(monkeypatch, tmp_path):
+    monkeypatch.setenv("HIPRESS_CACHE_DIR", str(tmp_path))
+    keys = {}
+    for archs in ("80", "90", "80,90"):
+        monkeypatch.setenv("HIPRESS_CUDA_ARCHS", archs)
+        assert cuda_archs() == tuple(archs.split(","))
+        art = build(load("fp16"), "cuda")
+        assert art.library.exists() and not art.cached
+        keys[archs] = art.key
+    assert len(set(keys.values())) == 3
+    monkeypatch.setenv("HIPRESS_CUDA_ARCHS", "90")
+    assert build(load("fp16"), "cuda").key == keys["90"]  # and the same arch hits its entry
+
+
+def test_bad_architecture_list_is_a_build_error(monkeypatch):
+    monkeypatch.setenv("HIPRESS_CUDA_ARCHS", "sm90")
+    with pytest.raises(BuildError, match="HIPRESS_CUDA_ARCHS"):
+        cuda_archs()
 
 EVERY_OPERATOR = textwrap.dedent("""
     # every operator once, so the CUDA runtime's templates all get instantiated
@@ -66,7 +114,7 @@ def _cuda_available() -> bool:
     try:
         import torch
 
-        return torch.cuda.is_available() and shutil.which("nvcc") is not None
+        return torch.cuda.is_available() and (shutil.which("nvcc") or pip_nvcc()) is not None
     except ImportError:
         return False
 
