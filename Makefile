@@ -14,7 +14,7 @@ TF_STAMP := $(TF_VENV)/.installed
 MX_VENV  := .venv-mx
 MX_STAMP := $(MX_VENV)/.installed
 
-.PHONY: venv venv-tf venv-mx test test-core test-tf test-mx demo bench lint clean
+.PHONY: venv venv-tf venv-mx test test-core test-tf test-mx demo bench lint clean gpu-wheels gpu-check
 
 venv: $(STAMP)
 venv-tf: $(TF_STAMP)
@@ -60,6 +60,22 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/hipress bench kernels
+
+# The device check runs on a GPU machine with torch (CUDA), nvcc and no network: lark,
+# the one dependency missing there, travels as a wheel in .whl/ (make gpu-wheels, here);
+# HiPress installs into GPU_SITE; the report goes to $$OUT (the device tool's) or
+# bench/results/gpu-check. See bench/gpu_check.py.
+GPU_SITE ?= /tmp/hipress-site
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux2014_x86_64 -d .whl 'lark>=1.1.9,<2'
+
+gpu-check:
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-compile --target $(GPU_SITE) .whl/*.whl
+	$(PYTHON) -m pip install -q --no-index --no-deps --no-build-isolation --target $(GPU_SITE) .
+	cd /tmp && PYTHONPATH=$(GPU_SITE) $(PYTHON) $(CURDIR)/bench/gpu_check.py \
+		--out $${OUT:-$(CURDIR)/bench/results/gpu-check}
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

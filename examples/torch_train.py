@@ -188,6 +188,8 @@ def main() -> None:
                         help="the last rank dies after this step, on the first attempt only "
                              "(to try --max-restarts)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda (cuda: the rank's local GPU, modulo the GPUs there)")
     args = parser.parse_args()
     if args.bandwidth:
         os.environ["HIPRESS_BANDWIDTH"] = args.bandwidth
@@ -204,7 +206,12 @@ def main() -> None:
     hp.init()
     rank, world = hp.rank(), hp.size()
     xtr, ytr, xte, yte = load_digits_split()
-    model, opt, reporter = wrap(make_model(args.width, args.model), args)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # several ranks may share one GPU (the staged transport)
+        local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    model, opt, reporter = wrap(make_model(args.width, args.model).to(device), args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
     hook = reporter if isinstance(reporter, hp.HookState) else None
     first = resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
@@ -234,7 +241,8 @@ def main() -> None:
             epoch, i = divmod(step, steps_per_epoch)
             order = np.random.default_rng(1000 + epoch).permutation(len(xtr))[rank::world]
             idx = order[i * args.batch:(i + 1) * args.batch]
-            xb, yb = torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
+            xb = torch.from_numpy(xtr[idx]).to(device)
+            yb = torch.from_numpy(ytr[idx]).to(device)
             opt.zero_grad()
             loss = loss_fn(model(xb), yb)
             loss.backward()
@@ -257,9 +265,10 @@ def main() -> None:
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
     model.eval()  # batch norm: the running statistics
     with torch.no_grad():
-        accuracy = float((model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean())
+        logits = model(torch.from_numpy(xte).to(device))
+        accuracy = float((logits.argmax(1).cpu().numpy() == yte).mean())
     # Replicas must agree: compare a checksum of the parameters across ranks.
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     sums = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(sums, torch.tensor([float(flat.double().sum()),
                                         float(flat.double().abs().sum())], dtype=torch.float64))
@@ -272,7 +281,8 @@ def main() -> None:
               "steady_samples_per_s": (run - warm) * args.batch * world / steady_s,
               "bytes_per_step": (bytes_sent(reporter) - sent0) / max(run, 1),
               "accuracy": accuracy, "final_loss": losses[-1][1] if losses else None,
-              "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses}
+              "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses,
+              "device": str(device)}
     if rank == 0:
         print(f"{label}: {run} steps in {elapsed:.1f} s, "
               f"{result['samples_per_s']:.0f} samples/s ({result['steady_samples_per_s']:.0f} "
