@@ -40,17 +40,24 @@ class Entry:
 
     name: str
     tensor: Any
-    buf: np.ndarray
+    #: the flat float32 values: a NumPy array (host), or a tensor on the gradient's GPU
+    buf: Any
     write_back: bool
     future: Any
     #: segments not yet synchronized; the future resolves when it reaches 0
     pending: int = 0
     #: the address of ``buf`` (the batched kernels take addresses)
     ptr: int = 0
+    #: where ``buf`` lives (a ``casync.devices.Memory``); None: the host
+    memory: Any = None
 
     @property
     def numel(self) -> int:
-        return int(self.buf.size)
+        return int(self.buf.size) if isinstance(self.buf, np.ndarray) else int(self.buf.numel())
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.memory is None else str(self.memory.device)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +83,7 @@ class Segment:
         """What names this segment across steps (error feedback keys its residuals so)."""
         return (self.entry.name, self.lo, self.hi)
 
-    def view(self) -> np.ndarray:
+    def view(self) -> Any:
         return self.entry.buf[self.lo:self.hi]
 
     @property
@@ -90,13 +97,15 @@ class Segment:
 
 @dataclass(eq=False)
 class Chunk:
-    """Segments with one plan, synchronized by one graph."""
+    """Segments with one plan and one device, synchronized by one graph."""
 
     plan: Plan
     segments: list[Segment] = field(default_factory=list)
     numel: int = 0
     #: its place among the step's chunks
     seq: int = 0
+    #: the device of its tensors' buffers (``Entry.device``)
+    device: str = "cpu"
 
     @property
     def label(self) -> str:
@@ -112,7 +121,7 @@ class Chunk:
     def key(self) -> tuple[Any, ...]:
         """The same for the same chunk in every step (scratch buffers are kept by it)."""
         first = self.segments[0].key if self.segments else ()
-        return (self.plan.topology, first)
+        return (self.plan.topology, first, self.device)
 
     def runs(self, world: int) -> list[list[Segment]]:
         """A ring's runs: run c holds the segments whose owner ends the reduce-scatter
@@ -139,7 +148,7 @@ class Chunker:
         self.world = world
         self.chunk_elems = int(chunk_elems)
         self.coalesce = coalesce
-        self._open: dict[Plan, Chunk] = {}
+        self._open: dict[tuple[Plan, str], Chunk] = {}
         self._keys: dict[Plan, Plan] = {}  # a plan -> its chunk's plan (any K)
         #: each segment's owner, chosen when it is first seen and kept: the same
         #: aggregator every step, whatever order later steps submit in
@@ -156,9 +165,11 @@ class Chunker:
         k = max(plan.partitions_for(n) if plan.compress else 1, -(-n // self.chunk_elems))
         if plan.topology == "ring":
             k = max(k, min(self.world, n // RING_PIECE))
-        key = self._keys.get(plan)
-        if key is None:  # chunks mix any K
-            key = self._keys[plan] = Plan(plan.topology, plan.algorithm, 1, plan.params)
+        same = self._keys.get(plan)
+        if same is None:  # chunks mix any K
+            same = self._keys[plan] = Plan(plan.topology, plan.algorithm, 1, plan.params)
+        device = getattr(entry, "device", "cpu")  # a chunk's tensors share a device
+        key = (same, device)
         closed = []
         entry.pending = k
         owned = plan.topology in ("ps", "ring")
@@ -166,7 +177,7 @@ class Chunker:
             lo, hi = sl.start, sl.stop
             chunk = self._open.get(key)
             if chunk is None:
-                chunk = self._open[key] = Chunk(key)
+                chunk = self._open[key] = Chunk(same, device=device)
             owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
             chunk.segments.append(Segment(entry, lo, hi, owner))
             chunk.numel += hi - lo
@@ -183,7 +194,7 @@ class Chunker:
         self._segments = 0
         self._chunks = 0
 
-    def _close(self, key: Plan) -> Chunk:
+    def _close(self, key: tuple[Plan, str]) -> Chunk:
         chunk = self._open.pop(key)
         chunk.seq = self._chunks
         self._chunks += 1

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 
 from compll import Codec
+
+from .devices import HostMemory, Memory
 
 __all__ = ["ErrorFeedback"]
 
@@ -31,7 +34,8 @@ class ErrorFeedback:
     """
 
     def __init__(self) -> None:
-        self._residuals: dict[Hashable, np.ndarray] = {}
+        # NumPy arrays, or tensors on the device of their segment's gradient (CUDA)
+        self._residuals: dict[Hashable, Any] = {}
         #: changes whenever residual buffers are replaced, so that callers that hold
         #: their addresses (the engine's batched calls) know to look them up again
         self.version = next(_versions)
@@ -39,19 +43,34 @@ class ErrorFeedback:
     def __len__(self) -> int:
         return len(self._residuals)
 
-    def residual(self, key: Hashable) -> np.ndarray | None:
+    def residual(self, key: Hashable) -> Any:
         """The residual an encode site carries, or None before its first encode."""
         return self._residuals.get(key)
 
-    def site(self, key: Hashable, n: int) -> np.ndarray:
-        """The residual of ``key`` for ``n`` elements, zeros on first use (or when the
-        site's size changed). The buffer lives as long as the site: no page faults on
-        later steps."""
+    def site(self, key: Hashable, n: int, memory: Memory | None = None) -> Any:
+        """The residual of ``key`` for ``n`` elements on ``memory`` (default the host),
+        zeros on first use (or when the site's size changed); a residual loaded from a
+        checkpoint moves to ``memory`` on first use. The buffer lives as long as the
+        site: no page faults on later steps."""
         residual = self._residuals.get(key)
-        if residual is None or residual.size != n:
+        host = memory is None or isinstance(memory, HostMemory)
+        on = "host" if host else f"torch:{memory.device}"  # type: ignore[union-attr]
+        if residual is None or _numel(residual) != n or _where(residual) != on:
             if residual is not None:
                 self.version = next(_versions)
-            residual = self._residuals[key] = np.zeros(n, np.float32)
+            values = residual if residual is not None and _numel(residual) == n else None
+            if host:
+                fresh = np.zeros(n, np.float32)
+                if values is not None:
+                    fresh[...] = _host(values)
+            else:
+                assert memory is not None
+                fresh = memory.empty(n, np.float32)
+                if values is None:
+                    fresh.zero_()
+                else:
+                    memory.from_host(fresh, _host(values))
+            residual = self._residuals[key] = fresh
         return residual
 
     def reset(self) -> None:
@@ -60,8 +79,8 @@ class ErrorFeedback:
         self.version = next(_versions)
 
     def state_dict(self) -> dict[Hashable, np.ndarray]:
-        """A copy of every residual, by site."""
-        return {key: r.copy() for key, r in self._residuals.items()}
+        """A host copy of every residual, by site."""
+        return {key: _host(r).copy() for key, r in self._residuals.items()}
 
     def load_state_dict(self, state: dict[Hashable, np.ndarray]) -> None:
         """Replace the residuals with ``state``'s (from ``state_dict``)."""
@@ -76,3 +95,15 @@ class ErrorFeedback:
         payload = codec.encode(x, step=step, out=out, residual=residual)
         codec.decode(payload, residual.size, out=residual, scale=-1.0, feedback=True)
         return payload
+
+
+def _numel(x: Any) -> int:
+    return int(x.size) if isinstance(x, np.ndarray) else int(x.numel())
+
+
+def _where(x: Any) -> str:
+    return "host" if isinstance(x, np.ndarray) else f"torch:{x.device}"
+
+
+def _host(x: Any) -> np.ndarray:
+    return x if isinstance(x, np.ndarray) else x.detach().cpu().numpy()

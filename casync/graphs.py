@@ -7,7 +7,10 @@ decode task is one batched kernel call over its segments. Every rank decodes the
 payload bytes for the final values, so the result is bitwise identical on all ranks.
 
 A message is the payloads' total length (8 bytes) and the payloads: a receiver posts a
-buffer of the worst case and reads how much arrived from the front.
+buffer of the worst case and reads how much arrived from the front. A chunk's buffers
+live on its tensors' device and its messages travel by that device's link
+(``casync.devices``: host memory over Gloo, or CUDA memory staged through pinned host
+buffers).
 
 Priorities are ``(stage, index)``; a message's sender only depends on tasks of a lower
 stage than the receive that waits for it (see ``casync.executor``).
@@ -19,6 +22,7 @@ import ctypes
 import zlib
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +31,8 @@ from compll.constants import FEEDBACK
 from compll.loaders import DECODE_ITEM, ENCODE_ITEM
 from hipress_errors import PayloadError
 
-from . import primitives as P
 from .chunks import Chunk, Segment
+from .devices import LENGTH, HostMemory, Link, Memory, Message, framed_payloads
 from .executor import Graph, Task
 from .feedback import ErrorFeedback
 from .transport import Handle, Transport, tag_space
@@ -36,8 +40,7 @@ from .transport import Handle, Transport, tag_space
 __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
            "build_none"]
 
-#: bytes in front of a message's payloads: their total length
-_LENGTH = 8
+_LENGTH = LENGTH
 
 
 @dataclass
@@ -62,9 +65,20 @@ class Context:
     step: int
     tag: int
     chunk: Chunk
-    pool: dict[Hashable, np.ndarray] = field(default_factory=dict)
+    pool: dict[Hashable, Any] = field(default_factory=dict)
     #: the rows of batched calls, kept across steps (``_rows``)
     rows: dict[Hashable, _Rows] = field(default_factory=dict)
+    #: how the chunk's messages travel, and the memory its buffers live in
+    link: Link | None = None
+
+    def __post_init__(self) -> None:
+        if self.link is None:
+            self.link = Link(HostMemory(), self.transport)
+
+    @property
+    def memory(self) -> Memory:
+        assert self.link is not None
+        return self.link.memory
 
     @property
     def rank(self) -> int:
@@ -84,25 +98,29 @@ class Context:
         mix = (self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF
         return (site * 0xC2B2AE3D + mix) & 0xFFFFFFFF
 
-    def scratch(self, site: Hashable, size: int, dtype: type) -> np.ndarray:
-        """A buffer that belongs to this chunk and site across steps (pages stay mapped).
+    def scratch(self, site: Hashable, size: int, dtype: type, host: bool = False) -> Any:
+        """A buffer that belongs to this chunk and site across steps (pages stay mapped),
+        on the chunk's memory, or with ``host`` in host memory that copies to and from
+        it fast (pinned, for CUDA).
 
         Reuse is safe: a step's sends and receives complete before the next step starts.
         """
-        key = (self.chunk.key, site, np.dtype(dtype).str)
+        memory = self.memory
+        key = (self.chunk.key, site, np.dtype(dtype).str, "host" if host else memory.device)
         buf = self.pool.get(key)
-        if buf is None or buf.size < size:
-            buf = self.pool[key] = np.empty(max(size, 1), dtype)
+        if buf is None or len(buf) < size:
+            new = memory.host_empty if host or isinstance(memory, HostMemory) else memory.empty
+            buf = self.pool[key] = new(max(size, 1), dtype)
         return buf[:size]
 
     def capacity(self, segs: list[Segment]) -> int:
         assert self.codec is not None
         return _LENGTH + sum(self.codec.max_payload_bytes(s.n) for s in segs)
 
-    def residuals(self, segs: list[Segment], role: str) -> list[np.ndarray] | None:
+    def residuals(self, segs: list[Segment], role: str) -> list[Any] | None:
         if self.feedback is None:
             return None
-        return [self.feedback.site((*s.key, role), s.n) for s in segs]
+        return [self.feedback.site((*s.key, role), s.n, self.memory) for s in segs]
 
     def _rows(self, kind: str, site: Hashable, segs: list[Segment],
               role: str | None) -> _Rows:
@@ -121,7 +139,7 @@ class Context:
         caps = np.array([self.codec.max_payload_bytes(s.n) for s in segs], np.uint64)
         items["n"] = [s.n for s in segs]
         if res is not None:
-            items["r"] = [r.ctypes.data for r in res]
+            items["r"] = [self.memory.ptr(r) for r in res]
         offsets = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.uint64) \
             if len(segs) else np.zeros(0, np.uint64)
         if kind == "encode":
@@ -132,7 +150,7 @@ class Context:
                                             sites)
         return rows
 
-    def encode(self, segs: list[Segment], role: str, site: Hashable) -> np.ndarray:
+    def encode(self, segs: list[Segment], role: str, site: Hashable) -> Message:
         """One message: the payloads of ``segs`` behind their length; with error feedback,
         of each segment plus the role's residual, which the same call updates."""
         codec = self.codec
@@ -144,40 +162,46 @@ class Context:
         items = rows.items
         if len(segs):
             items["g"] = [s.ptr for s in segs]
-            items["out"] = rows.offsets + np.uint64(out.ctypes.data + _LENGTH)
+            items["out"] = rows.offsets + np.uint64(self.memory.ptr(out) + _LENGTH)
             # A distinct RNG step per step, rank and encode site: ranks round independently.
             mix = np.uint64((self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF)
             items["step"] = (rows.sites * np.uint64(0xC2B2AE3D) + mix) & np.uint64(0xFFFFFFFF)
             items["flags"] = FEEDBACK if self.feedback is not None else 0
         total = codec.encode_items(items, out) if len(segs) else 0
-        out[:_LENGTH].view(np.uint64)[0] = total
-        return out[:_LENGTH + total]
+        assert self.link is not None
+        return self.link.outgoing(
+            out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
 
-    def decode(self, message: np.ndarray, segs: list[Segment], accumulate: bool,
+    def decode(self, message: Message, segs: list[Segment], accumulate: bool,
                scale: float | None, site: Hashable = None) -> None:
         """Decode a message into ``segs`` (or add to them); ``scale`` turns a sum into the
         mean."""
         codec = self.codec
-        assert codec is not None
-        payload = _payloads(message)
+        assert codec is not None and self.link is not None
+        payload = self.link.payloads(
+            message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
+        size = _nbytes(payload)
         if codec.target == "ref":
             self._decode_arrays(payload, segs, accumulate, scale)
             return
         if not segs:
-            if payload.size:
-                raise PayloadError(f"{payload.size} bytes for no segments")
+            if size:
+                raise PayloadError(f"{size} bytes for no segments")
             return
         rows = self._rows("decode", site, segs, None)
         items = rows.items
         items["out"] = [s.ptr for s in segs]
-        items["p"][0] = payload.ctypes.data
-        items["size"][0] = payload.size
+        items["p"][0] = self.memory.ptr(payload)
+        items["size"][0] = size
         codec.decode_items(items, accumulate, 1.0 if scale is None else scale,
-                           scale_sum=accumulate and scale is not None)
+                           cuda=self.memory.cuda, scale_sum=accumulate and scale is not None)
 
-    def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> np.ndarray:
-        """``encode`` through the codec's array interface (the reference target)."""
+    def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> Message:
+        """``encode`` through the codec's array interface (the reference target, on the
+        host only)."""
         assert self.codec is not None
+        if not isinstance(self.memory, HostMemory):
+            raise PayloadError("the reference codec (target='ref') runs on host memory only")
         out = self.scratch(("payload", site), self.capacity(segs), np.uint8)
         res = self.residuals(segs, role)
         payload, _ = self.codec.encode_batch(
@@ -185,7 +209,7 @@ class Context:
             steps=[self.rng_step(s, role) for s in segs], residuals=res,
             feedback=res is not None)
         out[:_LENGTH].view(np.uint64)[0] = payload.size
-        return out[:_LENGTH + payload.size]
+        return Message(out[:_LENGTH + payload.size], out[_LENGTH:_LENGTH + payload.size])
 
     def _decode_arrays(self, payload: np.ndarray, segs: list[Segment], accumulate: bool,
                        scale: float | None) -> None:
@@ -201,37 +225,19 @@ class Context:
                                     scale=1.0 if scale is None else scale)
 
 
-def _payloads(message: np.ndarray) -> np.ndarray:
-    """The payloads of a message (or of a receive buffer holding one at its front), after
-    checking the length it starts with."""
-    if message.size < _LENGTH:
-        raise PayloadError(f"a message of {message.size} bytes has no length")
-    length = int(message[:_LENGTH].view(np.uint64)[0])
-    if length > message.size - _LENGTH:
-        raise PayloadError(f"a message declares {length} bytes of payloads but only "
-                           f"{message.size - _LENGTH} arrived")
-    return message[_LENGTH:_LENGTH + length]
-
-
-def _message(buffer: np.ndarray) -> np.ndarray:
-    """The message at the front of a receive buffer: its length and payloads, no more
-    (what a ring forwards)."""
-    return buffer[:_LENGTH + _payloads(buffer).size]
-
-
 def slots(topology: str, world: int) -> int:
     """Tags one chunk's graph uses."""
     return {"ps": 2, "ring": 2 * max(world - 1, 1), "allgather": 1, "none": 1}[topology]
 
 
-Message = Callable[[], np.ndarray]
+Got = Callable[[], Message]
 
 
 def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
             segs: list[Segment], role: str,
-            deps: tuple[Task | None, ...] = ()) -> tuple[Task, Message]:
+            deps: tuple[Task | None, ...] = ()) -> tuple[Task, Got]:
     """An encode task and a getter for the message it produces."""
-    box: list[np.ndarray] = []
+    box: list[Message] = []
 
     def run() -> None:
         box.append(ctx.encode(segs, role, name))
@@ -239,27 +245,38 @@ def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
     return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
 
 
-def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Message,
+def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Got,
           dst: int, tag: int, deps: tuple[Task | None, ...]) -> Task:
     def run() -> Handle:
-        return P.send(ctx.transport, message(), dst, tag)
+        return ctx.transport.isend(message().wire, dst, tag)
 
     return graph.task(name, "post", prio, run, deps)
 
 
 def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
-          segs: list[Segment], src: int, tag: int) -> tuple[Task, Message]:
-    """A receive of the message for ``segs`` from ``src``."""
+          segs: list[Segment], src: int, tag: int) -> tuple[Task, Got]:
+    """A receive of the message for ``segs`` from ``src`` (into host memory: pinned when
+    the chunk is on a GPU)."""
     assert ctx.codec is not None
     native = ctx.codec.target != "ref"
     capacity = _LENGTH + ctx._rows("recv", name, segs, None).cap if native \
         else ctx.capacity(segs)
-    handle = P.recv(ctx.transport, capacity, src, tag,
-                    ctx.scratch(("recv", name), capacity, np.uint8))
-    return graph.task(name, "recv", prio, None, handle=handle), lambda: _message(handle.buffer)
+    handle = ctx.transport.irecv(capacity, src, tag,
+                                 ctx.scratch(("recv", name), capacity, np.uint8, True))
+    box: list[Message] = []
+
+    def message() -> Message:
+        """The message that arrived: its length and payloads, no more (what a ring
+        forwards); its payloads are moved to the chunk's memory once, on first use."""
+        if not box:
+            buf = handle.buffer
+            box.append(Message(buf[:_LENGTH + framed_payloads(buf).size]))
+        return box[0]
+
+    return graph.task(name, "recv", prio, None, handle=handle), message
 
 
-def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Message,
+def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Got,
             segs: list[Segment], accumulate: bool, scale: float | None,
             deps: tuple[Task | None, ...]) -> Task:
     def run() -> None:
@@ -373,11 +390,20 @@ def build_allgather(ctx: Context, graph: Graph) -> None:
                          (t_prev, t_in, *(sends if last else ())))
 
 
-def _contiguous(segs: list[Segment]) -> np.ndarray | None:
+def _contiguous(segs: list[Segment], memory: Memory) -> Any:
     """The segments' elements as one array when they lie end to end in memory (a DDP
     bucket's gradients do), else None. The array borrows their memory."""
     if not segs:
         return None
+    if not isinstance(memory, HostMemory):  # tensors: views of one storage (a bucket's)
+        base = segs[0].entry.buf
+        storage = base.untyped_storage().data_ptr()
+        at = segs[0].ptr
+        for s in segs:
+            if s.ptr != at or s.entry.buf.untyped_storage().data_ptr() != storage:
+                return None
+            at += 4 * s.n
+        return base.as_strided(((at - segs[0].ptr) // 4,), (1,), (segs[0].ptr - storage) // 4)
     start = segs[0].view().ctypes.data
     at = start
     for s in segs:
@@ -391,26 +417,38 @@ def _contiguous(segs: list[Segment]) -> np.ndarray | None:
 def build_none(ctx: Context, graph: Graph) -> None:
     """Plain (uncompressed) allreduce of the chunk, then the average: in place when its
     segments lie end to end, else through one buffer copied in now (so that every rank
-    posts its allreduces in the same order) and back after."""
+    posts its allreduces in the same order) and back after. A chunk on a GPU is copied
+    to pinned host memory now and back after (Gloo reduces host memory)."""
     segs = ctx.chunk.segments
     if ctx.chunk.numel == 0:
         return  # nothing to reduce: an empty graph finishes at once, on every rank
-    scale = np.float32(1.0 / ctx.world)
-    flat = _contiguous(segs)
+    memory = ctx.memory
+    scale = 1.0 / ctx.world
+    flat = _contiguous(segs, memory)
     inplace = flat is not None
     if flat is None:
         flat = ctx.scratch("flat", ctx.chunk.numel, np.float32)
-        if segs:
+        if isinstance(memory, HostMemory):
             np.concatenate([s.view() for s in segs], out=flat)
-    buf = flat
-    t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(buf))
+        else:
+            offset = 0
+            for s in segs:
+                memory.copy(flat[offset:offset + s.n], s.view())
+                offset += s.n
+    wire = flat
+    if not isinstance(memory, HostMemory):
+        wire = ctx.scratch("flat-host", ctx.chunk.numel, np.float32, True)
+        memory.to_host(wire, flat)
+    t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(wire))
 
     def average() -> None:
-        np.multiply(buf, scale, out=buf)
+        if wire is not flat:
+            memory.from_host(flat, wire)
+        memory.scale(flat, scale)
         if not inplace:
             offset = 0
             for s in segs:
-                s.view()[...] = buf[offset:offset + s.n]
+                memory.copy(s.view(), flat[offset:offset + s.n])
                 offset += s.n
 
     graph.task("average", "compute", (1, 0), average, deps=(t_ar,))
@@ -418,3 +456,7 @@ def build_none(ctx: Context, graph: Graph) -> None:
 
 BUILDERS = {"ps": build_ps, "ring": build_ring, "allgather": build_allgather,
             "none": build_none}
+
+
+def _nbytes(buf: Any) -> int:
+    return int(buf.size) if isinstance(buf, np.ndarray) else int(buf.numel())

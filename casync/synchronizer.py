@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Hashable
@@ -15,6 +16,7 @@ from hipress_errors import ConfigError, SyncError
 from hipress_version import __version__
 
 from .chunks import CHUNK_ELEMS, Chunk, Chunker, Entry
+from .devices import HostMemory, Link, Memory, memory_of
 from .executor import Executor, Graph
 from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context, slots
@@ -28,6 +30,15 @@ from .state import state_dict as engine_state
 from .transport import Transport, tag_space
 
 __all__ = ["Synchronizer", "default_timeout"]
+
+#: tensors of these device types stay where they are and take the device path (torch
+#: buffers, staged messages); tests add "cpu" to run that path on CPU tensors
+DEVICE_TYPES = {"cuda"}
+
+_log = logging.getLogger("hipress")
+_HOW = {"gloo": "host buffers over Gloo",
+        "staged": "compressed on the GPU, the payloads staged through pinned host memory "
+                  "over Gloo"}
 
 
 def default_timeout() -> float:
@@ -48,18 +59,21 @@ def _future() -> Any:
     return torch.futures.Future()
 
 
-def _stage(tensor: Any) -> tuple[np.ndarray, bool, int]:
-    """A flat float32 host buffer for ``tensor``, whether results must be copied back,
-    and the buffer's address."""
+def _stage(tensor: Any) -> tuple[Any, bool, int, Memory | None]:
+    """The flat float32 buffer the engine works on for ``tensor``, whether results must be
+    copied back, the buffer's address and its memory (None: the host).
+
+    Host float32 data is used in place (NumPy arrays and CPU tensors, as NumPy views). A
+    CUDA tensor stays on its GPU: float32 in place, fp16/bf16/f64 upcast there."""
     if isinstance(tensor, np.ndarray):
         if tensor.dtype == np.float32 and tensor.flags.c_contiguous \
                 and tensor.flags.writeable:
             flat = tensor.reshape(-1)
-            return flat, False, flat.ctypes.data
+            return flat, False, flat.ctypes.data, None
         if tensor.dtype.kind != "f":
             raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
         flat = np.ascontiguousarray(tensor, dtype=np.float32).reshape(-1)
-        return flat, True, flat.ctypes.data
+        return flat, True, flat.ctypes.data, None
     import torch
 
     if not isinstance(tensor, torch.Tensor):
@@ -68,11 +82,16 @@ def _stage(tensor: Any) -> tuple[np.ndarray, bool, int]:
     if not tensor.is_floating_point():
         raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
     t = tensor.detach()
-    if t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous():
-        return t.view(-1).numpy(), False, t.data_ptr()
-    # fp16/bf16/f64 are upcast; non-contiguous and device tensors are staged on the host.
-    host = t.to(device="cpu", dtype=torch.float32).contiguous().view(-1)
-    return host.numpy(), True, host.data_ptr()
+    same = t.dtype == torch.float32 and t.is_contiguous()
+    if t.device.type == "cpu" and "cpu" not in DEVICE_TYPES:
+        if same:
+            return t.view(-1).numpy(), False, t.data_ptr(), None
+        host = t.to(dtype=torch.float32).contiguous().view(-1)
+        return host.numpy(), True, host.data_ptr(), None
+    if t.device.type not in DEVICE_TYPES:
+        raise ConfigError(f"CaSync takes CPU and CUDA tensors, not {t.device.type}")
+    on_gpu = t.view(-1) if same else t.to(dtype=torch.float32).contiguous().view(-1)
+    return on_gpu, not same, on_gpu.data_ptr(), memory_of(on_gpu)
 
 
 def _give_back(entry: Entry) -> None:
@@ -83,7 +102,8 @@ def _give_back(entry: Entry) -> None:
         return
     import torch
 
-    entry.tensor.detach().copy_(torch.from_numpy(entry.buf).view(entry.tensor.shape))
+    values = entry.buf if isinstance(entry.buf, torch.Tensor) else torch.from_numpy(entry.buf)
+    entry.tensor.detach().copy_(values.view(entry.tensor.shape))
 
 
 class Synchronizer:
@@ -158,7 +178,8 @@ class Synchronizer:
         self._fits = 0
         self._step_graphs: list[Graph] = []
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
-        self._pool: dict[Hashable, np.ndarray] = {}
+        self._pool: dict[Hashable, Any] = {}
+        self._links: dict[str, Link] = {}
         self._rows: dict[Hashable, Any] = {}
         self.algorithm = None if algorithm in (None, "none") else algorithm
         self.topology = "none" if self.algorithm is None else topology
@@ -184,6 +205,17 @@ class Synchronizer:
         if not on:
             return None
         return self._feedback.setdefault(repr(codec), ErrorFeedback())
+
+    def link(self, memory: Memory | None) -> Link:
+        """How chunks on ``memory`` (None: the host) travel; the first use of each is
+        logged (``casync.devices``)."""
+        memory = memory if memory is not None else HostMemory()
+        link = self._links.get(memory.device)
+        if link is None:
+            link = self._links[memory.device] = Link(memory, self.transport)
+            _log.info("CaSync rank %d: tensors on %s travel %s (%s)", self.rank,
+                      memory.device, link.name, _HOW[link.name])
+        return link
 
     def _probe(self) -> Codec:
         return self.codec(Plan(self.topology if self.topology != "none" else "ps",
@@ -278,19 +310,19 @@ class Synchronizer:
         if name in self._names:
             raise ConfigError(f"tensor {name!r} was already submitted in step {self.step}; "
                               "call synchronize() to finish the step first")
-        buf, write_back, ptr = _stage(tensor)
+        buf, write_back, ptr, memory = _stage(tensor)
         if not self._names:
             self._settle()
             self.health.progress(self.step)
-        entry = Entry(name, tensor, buf, write_back, _future(), ptr=ptr)
+        entry = Entry(name, tensor, buf, write_back, _future(), ptr=ptr, memory=memory)
         self._names.add(name)
         if self._fit is not None:
-            self._seen.append((name, buf.size))
+            self._seen.append((name, entry.numel))
         if self.size == 1:
             _give_back(entry)
             entry.future.set_result(tensor)
             return entry.future
-        plan = self.planner.plan(name, buf.size, self.size)
+        plan = self.planner.plan(name, entry.numel, self.size)
         for chunk in self._chunker.add(entry, plan):
             self._launch(chunk)
         return entry.future
@@ -368,7 +400,8 @@ class Synchronizer:
         plan = chunk.plan
         codec = self.codec(plan) if plan.compress else None
         ctx = Context(self.transport, codec, self.feedback(codec) if codec else None,
-                      self.step, self._tag, chunk, self._pool, self._rows)
+                      self.step, self._tag, chunk, self._pool, self._rows,
+                      self.link(chunk.segments[0].entry.memory if chunk.segments else None))
         self._tag = (self._tag + slots(plan.topology, self.size)) % tag_space
         graph = Graph(chunk.label, self.step)
         entries = list(dict.fromkeys(s.entry for s in chunk.segments))

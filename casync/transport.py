@@ -99,7 +99,10 @@ class Pacer:
             post()
 
 
-def _torch_view(arr: np.ndarray) -> Any:
+def _torch_view(arr: Any) -> Any:
+    """What torch.distributed posts: a NumPy buffer viewed as a tensor, a tensor as is."""
+    if not isinstance(arr, np.ndarray):
+        return arr
     import torch
 
     return torch.from_numpy(arr)
@@ -110,6 +113,9 @@ class Transport:
 
     Subclass and override ``isend``/``irecv``/``wait`` to instrument or pace traffic.
     """
+
+    #: the process group's backend this transport posts on
+    backend = "gloo"
 
     def __init__(self, group: Any = None, bandwidth: str | None = None) -> None:
         """Args:
@@ -127,14 +133,17 @@ class Transport:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         backend = dist.get_backend(group)
-        if backend != "gloo":
-            raise ConfigError(f"CaSync moves host buffers and needs a Gloo group, not "
-                              f"{backend!r}; create one with dist.new_group(backend='gloo')")
+        if backend != self.backend:
+            raise ConfigError(self._wrong_backend(backend))
         self.bytes_sent = 0
         self.messages_sent = 0  # point-to-point sends
         self.collectives = 0  # allreduces
         bandwidth = bandwidth or os.environ.get("HIPRESS_BANDWIDTH") or None
         self.pacer = Pacer(parse_rate(bandwidth)) if bandwidth else None
+
+    def _wrong_backend(self, backend: str) -> str:
+        return (f"CaSync moves host buffers and needs a Gloo group, not {backend!r}; create "
+                "one with dist.new_group(backend='gloo')")
 
     def _paced(self, nbytes: int, post: Callable[[], Any], peer: int, kind: str,
                buffer: np.ndarray) -> Handle:
@@ -186,3 +195,4 @@ class Transport:
             raise TimeoutError(f"a paced {handle.kind} was not posted within {timeout:g} s "
                                "(timed out)")
         handle.work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+

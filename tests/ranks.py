@@ -115,9 +115,21 @@ def _torch_tensor(values: np.ndarray, dtype: str, contiguous: bool) -> Any:
     return t
 
 
+def _stand_in(args: dict[str, Any]) -> None:
+    """With ``device``, CPU tensors take the path CUDA tensors take (torch buffers,
+    residuals and scratch, payloads staged through host buffers), on the CPU kernels."""
+    if args.get("device"):
+        from casync import synchronizer
+
+        synchronizer.DEVICE_TYPES = {"cuda", "cpu"}
+
+
 def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
     from casync import StaticPlanner, Synchronizer
+
+    _stand_in(args)
+    links = set()
 
     arrays = {}
     for algo in args.get("algos", ALGOS):
@@ -131,9 +143,10 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             for i, (t, f) in enumerate(zip(tensors, futures, strict=True)):
                 assert f.done() and f.value() is t
                 arrays[f"{algo}/{topo}/{i}"] = t.float().numpy()
+            links |= {link.name for link in sync._links.values()}
             sync.close()
     np.savez(out / f"rank{rank}.npz", **arrays)
-    return {}
+    return {"links": sorted(links)}
 
 
 def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
@@ -142,6 +155,7 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     from casync import StaticPlanner, Synchronizer
 
+    _stand_in(args)
     n, steps = 20_000, args.get("steps", 50)
     algo, topo = args["algo"], args["topology"]
     planner = StaticPlanner(algo, topo, min_compress=0, partition_bytes=n * 4)
@@ -153,7 +167,9 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         sync.submit("g", g)
         sync.synchronize()
         total += g.numpy()
-    np.savez(out / f"rank{rank}.npz", total=total)
+    residuals = {f"r{i}": r for i, r in enumerate(
+        r for ef in sync.state_dict()["residuals"].values() for r in ef.values())}
+    np.savez(out / f"rank{rank}.npz", total=total, **residuals)
     return {"residuals": sum(len(ef) for ef in sync._feedback.values())}
 
 
@@ -372,6 +388,7 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     import hipress.torch as hp
 
+    _stand_in(args)
     hp.init()
     world = hp.size()
     x, y = _digits()

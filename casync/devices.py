@@ -1,0 +1,224 @@
+"""Where a chunk's buffers live and how its messages travel: one *link* per device.
+
+A chunk's tensors share a device. Its scratch, payloads and residuals live on that
+device (``Memory``), the codec runs there, and a ``Link`` says how the compressed
+messages cross to the other ranks:
+
+* ``gloo``: host memory (NumPy arrays, CPU tensors, viewed without a copy) over the
+  engine's Gloo group, as it always did;
+* ``staged``: CUDA memory; only the *compressed* message is copied to pinned host memory,
+  sent over Gloo, and copied back to the GPU before it is decoded (for clusters without
+  NCCL between nodes, and for ranks that share a GPU, which NCCL refuses);
+
+A message on the wire is the payloads' total length (8 bytes) and the payloads. The
+length is the one value the path needs on the host: the batched encode returns it (its
+CUDA form synchronises the device once per call to learn the payload sizes), and a
+staged message arrives in host memory, where it is read for free.
+
+No path makes a full-precision host copy of a CUDA gradient, except the uncompressed
+allreduce of a staged link, which has to move the values themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hipress_errors import PayloadError
+
+from .transport import Transport
+
+__all__ = ["LENGTH", "Memory", "HostMemory", "TorchMemory", "Message", "Link", "memory_of",
+           "framed_payloads"]
+
+#: bytes in front of a message's payloads: their total length
+LENGTH = 8
+
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+class Memory:
+    """Buffers on one device: what the graphs allocate, address and copy."""
+
+    #: ``"cpu"`` or a torch device string (``"cuda:0"``)
+    device = "cpu"
+    #: whether the codec's CUDA kernels run on these buffers
+    cuda = False
+
+    def empty(self, n: int, dtype: Any) -> Any:
+        raise NotImplementedError
+
+    def ptr(self, buf: Any) -> int:
+        raise NotImplementedError
+
+    def scale(self, buf: Any, factor: float) -> None:
+        """``buf *= factor`` in float32, in place."""
+        raise NotImplementedError
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src`` between two buffers of this memory."""
+        raise NotImplementedError
+
+    def to_host(self, dst: np.ndarray, src: Any) -> None:
+        """Copy ``src`` (this memory) into the host array ``dst`` of the same length."""
+        raise NotImplementedError
+
+    def from_host(self, dst: Any, src: np.ndarray) -> None:
+        """Copy the host array ``src`` into ``dst`` (this memory) of the same length."""
+        raise NotImplementedError
+
+    def host_empty(self, n: int, dtype: Any) -> np.ndarray:
+        """A host buffer that copies to and from this memory fast (pinned for CUDA)."""
+        return np.empty(max(n, 1), dtype)[:n]
+
+
+class HostMemory(Memory):
+    """NumPy arrays: CPU tensors are viewed, never copied."""
+
+    def empty(self, n: int, dtype: Any) -> np.ndarray:
+        return np.empty(max(n, 1), dtype)[:n]
+
+    def ptr(self, buf: np.ndarray) -> int:
+        return int(buf.ctypes.data)
+
+    def scale(self, buf: np.ndarray, factor: float) -> None:
+        np.multiply(buf, np.float32(factor), out=buf)
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+    def to_host(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+    def from_host(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+
+class TorchMemory(Memory):
+    """Torch tensors on one device: a GPU's, or the CPU when a test stands it in for one
+    (the same code path, with the CPU kernels)."""
+
+    def __init__(self, device: Any) -> None:
+        torch = _torch()
+        self._device = torch.device(device)
+        self.device = str(self._device)
+        self.cuda = self._device.type == "cuda"
+        self._types = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32}
+
+    def empty(self, n: int, dtype: Any) -> Any:
+        torch = _torch()
+        return torch.empty(max(n, 1), dtype=self._types[np.dtype(dtype)],
+                           device=self._device)[:n]
+
+    def ptr(self, buf: Any) -> int:
+        return int(buf.data_ptr())
+
+    def scale(self, buf: Any, factor: float) -> None:
+        buf.mul_(float(np.float32(factor)))
+
+    def copy(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+    def to_host(self, dst: np.ndarray, src: Any) -> None:
+        if dst.size:
+            _torch().from_numpy(dst).copy_(src)
+
+    def from_host(self, dst: Any, src: np.ndarray) -> None:
+        if src.size:
+            dst.copy_(_torch().from_numpy(src))
+
+    def host_empty(self, n: int, dtype: Any) -> np.ndarray:
+        if not self.cuda:
+            return super().host_empty(n, dtype)
+        torch = _torch()
+        pinned = torch.empty(max(n, 1), dtype=self._types[np.dtype(dtype)], pin_memory=True)
+        return pinned.numpy()[:n]
+
+
+_HOST = HostMemory()
+_memories: dict[str, TorchMemory] = {}
+
+
+def memory_of(buf: Any) -> Memory:
+    """The memory a staged gradient buffer lives in: host for NumPy arrays, the tensor's
+    device for torch tensors other than CPU ones (which are viewed as NumPy)."""
+    if isinstance(buf, np.ndarray):
+        return _HOST
+    device = str(buf.device)
+    if device not in _memories:
+        _memories[device] = TorchMemory(buf.device)
+    return _memories[device]
+
+
+def framed_payloads(message: np.ndarray, length: int | None = None) -> np.ndarray:
+    """The payloads of a host message (or of a receive buffer holding one at its front),
+    after checking the length it starts with."""
+    if message.size < LENGTH:
+        raise PayloadError(f"a message of {message.size} bytes has no length")
+    if length is None:
+        length = int(message[:LENGTH].view(np.uint64)[0])
+    if length > message.size - LENGTH:
+        raise PayloadError(f"a message declares {length} bytes of payloads but only "
+                           f"{message.size - LENGTH} arrived")
+    return message[LENGTH:LENGTH + length]
+
+
+@dataclass
+class Message:
+    """A message of a chunk: what the transport sends (``wire``), and the payloads on the
+    chunk's memory once known (an encode has them; a receive computes them on first use,
+    ``Link.payloads``)."""
+
+    wire: Any
+    payloads: Any = None
+
+
+class Link:
+    """How the messages of one memory's chunks travel (see the module docstring): over
+    the engine's Gloo transport, directly from host memory (``gloo``) or through pinned
+    host buffers (``staged``). Messages always travel in host memory.
+
+    Args:
+        memory: where the chunks' buffers live.
+        transport: posts the sends and receives.
+    """
+
+    def __init__(self, memory: Memory, transport: Transport) -> None:
+        self.memory = memory
+        self.transport = transport
+        self.name = "gloo" if isinstance(memory, HostMemory) else "staged"
+
+    def __repr__(self) -> str:
+        return f"Link({self.name!r}, {self.memory.device})"
+
+    def outgoing(self, buf: Any, total: int, host: Any) -> Message:
+        """The message of an encode: ``buf`` (this memory) holds ``LENGTH`` spare bytes
+        and then ``total`` bytes of payloads; ``host(size)`` gives a host buffer to stage
+        into."""
+        payloads = buf[LENGTH:LENGTH + total]
+        if self.name == "gloo":
+            buf[:LENGTH].view(np.uint64)[0] = total
+            return Message(buf[:LENGTH + total], payloads)
+        staged = host(LENGTH + total)
+        staged[:LENGTH].view(np.uint64)[0] = total
+        self.memory.to_host(staged[LENGTH:], payloads)
+        return Message(staged, payloads)
+
+    def payloads(self, message: Message, device: Any) -> Any:
+        """The payloads of a received message on this memory; ``device(size)`` gives a
+        buffer of this memory to copy a staged message into."""
+        if message.payloads is None:
+            host = framed_payloads(message.wire)
+            if self.name == "gloo":
+                message.payloads = host
+            else:
+                message.payloads = device(host.size)
+                self.memory.from_host(message.payloads, host)
+        return message.payloads

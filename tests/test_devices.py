@@ -1,0 +1,162 @@
+"""The device-generic engine: chunks on a device keep their buffers there and stage only
+compressed messages through host memory (``casync.devices``).
+
+No GPU here: CPU tensors stand in for CUDA ones (``ranks._stand_in``), so the engine runs
+the device path's code (torch buffers, residuals and scratch, staged messages) with the
+CPU kernels, and must give the host path's bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ranks
+import torch
+
+from casync.devices import LENGTH, HostMemory, Link, Message, TorchMemory, memory_of
+from casync.feedback import ErrorFeedback
+from casync.synchronizer import _stage
+from hipress_errors import ConfigError, PayloadError
+
+
+class _NoTransport:
+    rank, size = 0, 2
+
+
+def _staged() -> Link:
+    return Link(TorchMemory("cpu"), _NoTransport())  # type: ignore[arg-type]
+
+
+def test_links_are_named_by_memory():
+    assert Link(HostMemory(), _NoTransport()).name == "gloo"  # type: ignore[arg-type]
+    assert _staged().name == "staged"
+    assert memory_of(np.zeros(3, np.float32)).device == "cpu"
+    assert isinstance(memory_of(np.zeros(3, np.float32)), HostMemory)
+    assert isinstance(memory_of(torch.zeros(3)), TorchMemory)
+
+
+def test_a_staged_message_carries_only_the_payloads_through_host_memory():
+    link = _staged()
+    memory = link.memory
+    buf = memory.empty(LENGTH + 16, np.uint8)
+    buf[LENGTH:LENGTH + 5] = torch.arange(5, dtype=torch.uint8)
+    hosts: list[np.ndarray] = []
+
+    def host(size: int) -> np.ndarray:
+        hosts.append(np.empty(size, np.uint8))
+        return hosts[-1]
+
+    sent = link.outgoing(buf, 5, host)
+    assert isinstance(sent.wire, np.ndarray) and sent.wire.size == LENGTH + 5
+    assert int(sent.wire[:LENGTH].view(np.uint64)[0]) == 5
+    assert sent.wire[LENGTH:].tolist() == [0, 1, 2, 3, 4]
+    assert isinstance(sent.payloads, torch.Tensor)  # the local decode reads the device copy
+    received = Message(np.concatenate([sent.wire, np.zeros(11, np.uint8)]))  # a big buffer
+    payloads = link.payloads(received, lambda size: memory.empty(size, np.uint8))
+    assert isinstance(payloads, torch.Tensor) and payloads.tolist() == [0, 1, 2, 3, 4]
+    assert link.payloads(received, lambda size: pytest.fail("copied twice")) is payloads
+
+
+@pytest.mark.parametrize("wire,error", [(np.zeros(3, np.uint8), "has no length"),
+                                        (np.array([9, 0, 0, 0, 0, 0, 0, 0, 1], np.uint8),
+                                         "declares 9 bytes")])
+def test_a_truncated_staged_message_is_a_payload_error(wire, error):
+    link = _staged()
+    with pytest.raises(PayloadError, match=error):
+        link.payloads(Message(wire), lambda size: link.memory.empty(size, np.uint8))
+
+
+def test_residuals_live_on_the_device_and_checkpoint_as_host_arrays():
+    memory = TorchMemory("cpu")
+    ef = ErrorFeedback()
+    r = ef.site("a", 4, memory)
+    assert isinstance(r, torch.Tensor) and r.tolist() == [0, 0, 0, 0]
+    r += 1.5
+    assert ef.site("a", 4, memory) is r  # kept while the site stays the same
+    state = ef.state_dict()
+    assert isinstance(state["a"], np.ndarray) and state["a"].tolist() == [1.5] * 4
+    fresh = ErrorFeedback()
+    fresh.load_state_dict(state)
+    version = fresh.version
+    moved = fresh.site("a", 4, memory)
+    assert isinstance(moved, torch.Tensor) and moved.tolist() == [1.5] * 4
+    assert fresh.version != version  # the engine's cached addresses are looked up again
+    assert isinstance(fresh.site("a", 4), np.ndarray)  # and back on the host
+    assert fresh.site("a", 4).tolist() == [1.5] * 4
+
+
+def test_staging_keeps_host_data_in_place_and_refuses_other_devices():
+    t = torch.arange(6, dtype=torch.float32)
+    buf, write_back, ptr, memory = _stage(t)
+    assert isinstance(buf, np.ndarray) and not write_back and ptr == t.data_ptr()
+    assert memory is None
+    with pytest.raises(ConfigError, match="CPU and CUDA tensors, not meta"):
+        _stage(torch.empty(3, device="meta"))
+
+
+def _run(tmp_path, scenario, name, args):
+    results = ranks.launch(2, scenario, tmp_path / name, args)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    return results
+
+
+@pytest.mark.parallel
+def test_the_device_path_gives_the_host_paths_bits(tmp_path):
+    """Every algorithm and topology, fp16/bf16/non-contiguous tensors (upcast and written
+    back), small tensors through the plain allreduce: the same bits either way."""
+    args = {"algos": ["onebit", "dgc", "minmax8", "cgx"]}
+    host = _run(tmp_path, "strategies", "host", args)
+    device = _run(tmp_path, "strategies", "device", {**args, "device": True})
+    assert [r["links"] for r in host] == [["gloo"], ["gloo"]]
+    assert [r["links"] for r in device] == [["staged"], ["staged"]]
+    for h, d in zip(host, device, strict=True):
+        assert h["arrays"].keys() == d["arrays"].keys()
+        for key in h["arrays"]:
+            assert h["arrays"][key].tobytes() == d["arrays"][key].tobytes(), key
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("topology", ["ps", "ring"])
+def test_error_feedback_on_the_device_path_gives_the_host_paths_bits(tmp_path, topology):
+    args = {"algo": "onebit", "topology": topology, "steps": 20}
+    host = _run(tmp_path, "feedback", "host", args)
+    device = _run(tmp_path, "feedback", "device", {**args, "device": True})
+    for h, d in zip(host, device, strict=True):
+        assert sorted(h["arrays"]) == sorted(d["arrays"]) and len(h["arrays"]) > 1
+        for key in h["arrays"]:  # the running sums and every residual
+            assert h["arrays"][key].tobytes() == d["arrays"][key].tobytes(), key
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("bf16", [False, True], ids=["f32", "bf16"])
+def test_the_torch_plugin_on_the_device_path_gives_the_host_paths_bits(tmp_path, bf16):
+    """The DDP hook (a bucket's gradients are views of one buffer) and DistributedOptimizer;
+    bf16 gradients are upcast where they live and written back."""
+    args = {"modes": ["hook", "optimizer"], "algos": ["onebit", "none"], "steps": 6,
+            "bf16": bf16}
+    host = _run(tmp_path, "torch_plugin", "host", args)
+    device = _run(tmp_path, "torch_plugin", "device", {**args, "device": True})
+    for h, d in zip(host, device, strict=True):
+        for key in ("hook/onebit", "hook/none", "optimizer/onebit", "optimizer/none"):
+            assert h[key]["digest"] == d[key]["digest"], key
+            assert h[key]["losses"] == d[key]["losses"], key
+
+
+def test_views_of_one_buffer_reduce_in_place():
+    from casync.chunks import Entry, Segment
+    from casync.graphs import _contiguous
+
+    memory = TorchMemory("cpu")
+    bucket = torch.zeros(10)
+
+    def seg(t: torch.Tensor, lo: int = 0) -> Segment:
+        return Segment(Entry("t", t, t, False, None, ptr=t.data_ptr(), memory=memory), lo,
+                       t.numel())
+
+    flat = _contiguous([seg(bucket[:4]), seg(bucket[4:])], memory)
+    assert flat is not None and flat.data_ptr() == bucket.data_ptr() and flat.numel() == 10
+    flat += 1
+    assert bucket.tolist() == [1.0] * 10
+    assert _contiguous([seg(bucket[:4]), seg(torch.zeros(6))], memory) is None
+    assert _contiguous([seg(bucket[:4]), seg(bucket[5:])], memory) is None
