@@ -9,11 +9,16 @@ messages cross to the other ranks:
 * ``staged``: CUDA memory; only the *compressed* message is copied to pinned host memory,
   sent over Gloo, and copied back to the GPU before it is decoded (for clusters without
   NCCL between nodes, and for ranks that share a GPU, which NCCL refuses);
+* ``nccl``: CUDA memory over an NCCL group (``NcclTransport``). NCCL needs a receive of
+  the sender's exact size, so every message travels at its worst-case size, and it
+  matches a pair's operations in posting order, so a stage's sends and receives are one
+  batch and the stages are posted in one order on every rank (``Sequencer``).
 
 A message on the wire is the payloads' total length (8 bytes) and the payloads. The
 length is the one value the path needs on the host: the batched encode returns it (its
-CUDA form synchronises the device once per call to learn the payload sizes), and a
-staged message arrives in host memory, where it is read for free.
+CUDA form synchronises the device once per call to learn the payload sizes), a staged
+message arrives in host memory, where it is read for free, and an nccl one costs an
+8-byte copy to the host per received message.
 
 No path makes a full-precision host copy of a CUDA gradient, except the uncompressed
 allreduce of a staged link, which has to move the values themselves.
@@ -21,14 +26,16 @@ allreduce of a staged link, which has to move the values themselves.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hipress_errors import PayloadError
+from hipress_errors import ConfigError, PayloadError
 
-from .transport import Transport
+from .transport import Sequencer, Transport
 
 __all__ = ["LENGTH", "Memory", "HostMemory", "TorchMemory", "Message", "Link", "memory_of",
            "framed_payloads"]
@@ -77,6 +84,19 @@ class Memory:
     def host_empty(self, n: int, dtype: Any) -> np.ndarray:
         """A host buffer that copies to and from this memory fast (pinned for CUDA)."""
         return np.empty(max(n, 1), dtype)[:n]
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Make this memory's device current (kernels launch on the current device, which
+        is per thread, and the engine's threads start on device 0)."""
+        yield
+
+    def put_length(self, buf: Any, value: int) -> None:
+        """Write a message's length into its first ``LENGTH`` bytes."""
+        buf[:LENGTH].view(np.uint64)[0] = value
+
+    def get_length(self, buf: Any) -> int:
+        return int(buf[:LENGTH].view(np.uint64)[0])
 
 
 class HostMemory(Memory):
@@ -141,6 +161,22 @@ class TorchMemory(Memory):
         pinned = torch.empty(max(n, 1), dtype=self._types[np.dtype(dtype)], pin_memory=True)
         return pinned.numpy()[:n]
 
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        if not self.cuda:
+            yield
+            return
+        with _torch().cuda.device(self._device):
+            yield
+
+    def put_length(self, buf: Any, value: int) -> None:
+        header = np.array([value], np.uint64).view(np.uint8)
+        buf[:LENGTH].copy_(_torch().from_numpy(header))
+
+    def get_length(self, buf: Any) -> int:
+        # The one device-to-host read of the nccl link: it waits for the receive.
+        return int(buf[:LENGTH].cpu().numpy().view(np.uint64)[0])
+
 
 _HOST = HostMemory()
 _memories: dict[str, TorchMemory] = {}
@@ -164,10 +200,7 @@ def framed_payloads(message: np.ndarray, length: int | None = None) -> np.ndarra
         raise PayloadError(f"a message of {message.size} bytes has no length")
     if length is None:
         length = int(message[:LENGTH].view(np.uint64)[0])
-    if length > message.size - LENGTH:
-        raise PayloadError(f"a message declares {length} bytes of payloads but only "
-                           f"{message.size - LENGTH} arrived")
-    return message[LENGTH:LENGTH + length]
+    return message[LENGTH:LENGTH + _declared(length, message.size)]
 
 
 @dataclass
@@ -181,44 +214,67 @@ class Message:
 
 
 class Link:
-    """How the messages of one memory's chunks travel (see the module docstring): over
-    the engine's Gloo transport, directly from host memory (``gloo``) or through pinned
-    host buffers (``staged``). Messages always travel in host memory.
+    """How the messages of one memory's chunks travel (see the module docstring).
 
     Args:
         memory: where the chunks' buffers live.
-        transport: posts the sends and receives.
+        transport: posts the sends and receives: the engine's Gloo transport, or for
+            ``device_wire`` an ``NcclTransport`` (the tests run that protocol over Gloo).
+        device_wire: messages stay in device memory (the ``nccl`` link): each travels
+            at its worst-case size, and a stage's sends and receives are posted as one
+            batch in one order on every rank (``sequencer``).
     """
 
-    def __init__(self, memory: Memory, transport: Transport) -> None:
+    def __init__(self, memory: Memory, transport: Transport, device_wire: bool = False) -> None:
+        host = isinstance(memory, HostMemory)
+        if device_wire and host:
+            raise ConfigError("the nccl link carries device memory, not host arrays")
         self.memory = memory
         self.transport = transport
-        self.name = "gloo" if isinstance(memory, HostMemory) else "staged"
+        self.device_wire = device_wire
+        self.name = "nccl" if device_wire else "gloo" if host else "staged"
+        self.sequencer = Sequencer() if device_wire else None
 
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.memory.device})"
 
     def outgoing(self, buf: Any, total: int, host: Any) -> Message:
         """The message of an encode: ``buf`` (this memory) holds ``LENGTH`` spare bytes
-        and then ``total`` bytes of payloads; ``host(size)`` gives a host buffer to stage
-        into."""
+        and then ``total`` bytes of payloads, in a buffer of the worst-case size;
+        ``host(size)`` gives a host buffer to stage into."""
         payloads = buf[LENGTH:LENGTH + total]
-        if self.name == "gloo":
-            buf[:LENGTH].view(np.uint64)[0] = total
-            return Message(buf[:LENGTH + total], payloads)
-        staged = host(LENGTH + total)
-        staged[:LENGTH].view(np.uint64)[0] = total
-        self.memory.to_host(staged[LENGTH:], payloads)
-        return Message(staged, payloads)
+        if self.name == "staged":
+            staged = host(LENGTH + total)
+            staged[:LENGTH].view(np.uint64)[0] = total
+            self.memory.to_host(staged[LENGTH:], payloads)
+            return Message(staged, payloads)
+        self.memory.put_length(buf, total)
+        # nccl: the whole buffer, the size its receiver posts
+        return Message(buf if self.device_wire else buf[:LENGTH + total], payloads)
 
     def payloads(self, message: Message, device: Any) -> Any:
         """The payloads of a received message on this memory; ``device(size)`` gives a
         buffer of this memory to copy a staged message into."""
-        if message.payloads is None:
-            host = framed_payloads(message.wire)
-            if self.name == "gloo":
-                message.payloads = host
-            else:
-                message.payloads = device(host.size)
-                self.memory.from_host(message.payloads, host)
+        if message.payloads is not None:
+            return message.payloads
+        wire = message.wire
+        if self.device_wire:
+            if wire.numel() < LENGTH:
+                raise PayloadError(f"a message of {wire.numel()} bytes has no length")
+            message.payloads = wire[LENGTH:LENGTH + _declared(self.memory.get_length(wire),
+                                                              wire.numel())]
+            return message.payloads
+        host = framed_payloads(wire)
+        if self.name == "gloo":
+            message.payloads = host
+        else:
+            message.payloads = device(host.size)
+            self.memory.from_host(message.payloads, host)
         return message.payloads
+
+
+def _declared(length: int, size: int) -> int:
+    if length > size - LENGTH:
+        raise PayloadError(f"a message declares {length} bytes of payloads but only "
+                           f"{size - LENGTH} arrived")
+    return length

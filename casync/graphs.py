@@ -167,7 +167,8 @@ class Context:
             mix = np.uint64((self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF)
             items["step"] = (rows.sites * np.uint64(0xC2B2AE3D) + mix) & np.uint64(0xFFFFFFFF)
             items["flags"] = FEEDBACK if self.feedback is not None else 0
-        total = codec.encode_items(items, out) if len(segs) else 0
+        with self.memory.active():
+            total = codec.encode_items(items, out) if len(segs) else 0
         assert self.link is not None
         return self.link.outgoing(
             out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
@@ -193,8 +194,10 @@ class Context:
         items["out"] = [s.ptr for s in segs]
         items["p"][0] = self.memory.ptr(payload)
         items["size"][0] = size
-        codec.decode_items(items, accumulate, 1.0 if scale is None else scale,
-                           cuda=self.memory.cuda, scale_sum=accumulate and scale is not None)
+        with self.memory.active():
+            codec.decode_items(items, accumulate, 1.0 if scale is None else scale,
+                               cuda=self.memory.cuda,
+                               scale_sum=accumulate and scale is not None)
 
     def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> Message:
         """``encode`` through the codec's array interface (the reference target, on the
@@ -245,24 +248,58 @@ def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
     return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
 
 
-def _send(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Got,
-          dst: int, tag: int, deps: tuple[Task | None, ...]) -> Task:
-    def run() -> Handle:
-        return ctx.transport.isend(message().wire, dst, tag)
+@dataclass
+class _Out:
+    """A send of a stage: the message of an encode (or a received one), to ``dst``."""
 
-    return graph.task(name, "post", prio, run, deps)
+    name: str
+    prio: tuple[int, int]
+    message: Got
+    dst: int
+    deps: tuple[Task | None, ...]
 
 
-def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
-          segs: list[Segment], src: int, tag: int) -> tuple[Task, Got]:
-    """A receive of the message for ``segs`` from ``src`` (into host memory: pinned when
-    the chunk is on a GPU)."""
+@dataclass
+class _In:
+    """A receive of a stage: the message for ``segs`` from ``src``."""
+
+    name: str
+    prio: tuple[int, int]
+    segs: list[Segment]
+    src: int
+
+
+def _messages(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag: int,
+              outs: list[_Out], ins: list[_In]) -> tuple[list[Task], list[tuple[Task, Got]]]:
+    """Post one stage's messages: the tasks after which each send has been posted, and
+    for each receive the task after which its message is here, with a getter for it.
+
+    On host-wire links every send is a post task of its own and every receive is posted
+    now. On the nccl link the stage is one batch (``_exchange``)."""
+    assert ctx.link is not None
+    if ctx.link.device_wire:
+        return _exchange(graph, ctx, name, prio, tag, outs, ins)
+    sends = [graph.task(o.name, "post", o.prio, _poster(ctx, o, tag), o.deps) for o in outs]
+    return sends, [_recv(graph, ctx, i, tag) for i in ins]
+
+
+def _poster(ctx: Context, out: _Out, tag: int) -> Callable[[], Handle]:
+    return lambda: ctx.transport.isend(out.message().wire, out.dst, tag)
+
+
+def _capacity(ctx: Context, segs: list[Segment], name: str) -> int:
+    """The worst-case bytes of a message for ``segs``: what a receiver posts."""
     assert ctx.codec is not None
-    native = ctx.codec.target != "ref"
-    capacity = _LENGTH + ctx._rows("recv", name, segs, None).cap if native \
-        else ctx.capacity(segs)
-    handle = ctx.transport.irecv(capacity, src, tag,
-                                 ctx.scratch(("recv", name), capacity, np.uint8, True))
+    if ctx.codec.target == "ref":
+        return ctx.capacity(segs)
+    return _LENGTH + ctx._rows("recv", name, segs, None).cap
+
+
+def _recv(graph: Graph, ctx: Context, spec: _In, tag: int) -> tuple[Task, Got]:
+    """A receive posted now, into host memory (pinned when the chunk is on a GPU)."""
+    capacity = _capacity(ctx, spec.segs, spec.name)
+    handle = ctx.transport.irecv(capacity, spec.src, tag,
+                                 ctx.scratch(("recv", spec.name), capacity, np.uint8, True))
     box: list[Message] = []
 
     def message() -> Message:
@@ -273,7 +310,36 @@ def _recv(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
             box.append(Message(buf[:_LENGTH + framed_payloads(buf).size]))
         return box[0]
 
-    return graph.task(name, "recv", prio, None, handle=handle), message
+    return graph.task(spec.name, "recv", spec.prio, None, handle=handle), message
+
+
+def _exchange(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag: int,
+              outs: list[_Out], ins: list[_In]) -> tuple[list[Task], list[tuple[Task, Got]]]:
+    """A stage as one batch of sends and receives on device memory, posted in the link's
+    order (its number is taken now, as graphs are built in the same order on every rank)
+    once the messages it sends exist; it completes when all of them have."""
+    assert ctx.link is not None and ctx.link.sequencer is not None
+    if not outs and not ins:
+        return [], []
+    sequencer = ctx.link.sequencer
+    number = sequencer.number()
+    buffers = [ctx.scratch(("recv", i.name), _capacity(ctx, i.segs, i.name), np.uint8)
+               for i in ins]
+
+    def run() -> Handle:
+        sends = [(o.message().wire, o.dst) for o in outs]
+        recvs = [(b, i.src) for b, i in zip(buffers, ins, strict=True)]
+        peer = (outs[0].dst if outs else ins[0].src) if len(outs) + len(ins) == 1 else -1
+        handle = Handle(None, peer, "exchange", None)
+        return sequencer.post(number, lambda: ctx.transport.exchange(sends, recvs, tag),
+                              handle)
+
+    task = graph.task(name, "post", prio, run, tuple(d for o in outs for d in o.deps))
+    return [task] * len(outs), [(task, _constant(Message(b))) for b in buffers]
+
+
+def _constant(message: Message) -> Got:
+    return lambda: message
 
 
 def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], message: Got,
@@ -290,37 +356,42 @@ def build_ps(ctx: Context, graph: Graph) -> None:
 
     Per chunk, a worker sends one message to each aggregator (the payloads of the
     segments it owns) and receives one reply; an aggregator merges the workers' messages
-    in rank order, re-encodes once and sends the same bytes to every rank.
+    in rank order, re-encodes once and sends the same bytes to every rank. Two stages:
+    the uploads, then the replies.
     """
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
     mean = 1.0 / world
-    up, down = ctx.tag_of(0), ctx.tag_of(1)
-    for agg in range(world):
-        mine = [s for s in ctx.chunk.segments if s.owner == agg]
-        if not mine:
-            continue
-        if rank != agg:
-            t_enc, upload = _encode(graph, ctx, f"to{agg}/encode", (0, agg), mine, "worker")
-            t_send = _send(graph, ctx, f"to{agg}/send", (1, agg), upload, agg, up, (t_enc,))
-            t_recv, reply = _recv(graph, ctx, f"from{agg}/recv", (3, agg), mine, agg, down)
-            # After the send: the encode has read these values before they are overwritten.
-            _decode(graph, ctx, f"from{agg}/decode", (4, agg), reply, mine, False, mean,
-                    (t_recv, t_send))
-            continue
+    owned = [[s for s in ctx.chunk.segments if s.owner == agg] for agg in range(world)]
+    mine = owned[rank]
+    aggs = [agg for agg in range(world) if agg != rank and owned[agg]]
+    uploads = []
+    for agg in aggs:
+        t_up, upload = _encode(graph, ctx, f"to{agg}/encode", (0, agg), owned[agg], "worker")
+        uploads.append(_Out(f"to{agg}/send", (1, agg), upload, agg, (t_up,)))
+    workers = [src for src in range(world) if src != rank] if mine else []
+    sent, got = _messages(graph, ctx, "up", (1, 0), ctx.tag_of(0), uploads,
+                          [_In(f"agg/recv{src}", (1, src), mine, src) for src in workers])
+    replies: list[_Out] = []
+    total: Got | None = None
+    t_enc: Task | None = None
+    if mine:
         # The aggregator merges into its own values as they are (no encode round trip);
         # they are read nowhere else, and the final decode overwrites them.
         t_prev: Task | None = None
-        for src in range(world):
-            if src != rank:
-                t_recv, theirs = _recv(graph, ctx, f"agg/recv{src}", (1, src), mine, src, up)
-                t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True,
-                                 None, (t_prev, t_recv))
+        for src, (t_recv, theirs) in zip(workers, got, strict=True):
+            t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True,
+                             None, (t_prev, t_recv))
         t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator",
                                (t_prev,))
-        for dst in range(world):
-            if dst != rank:
-                _send(graph, ctx, f"agg/send{dst}", (3, dst), total, dst, down, (t_enc,))
+        replies = [_Out(f"agg/send{dst}", (3, dst), total, dst, (t_enc,)) for dst in workers]
+    _, back = _messages(graph, ctx, "down", (3, 0), ctx.tag_of(1), replies,
+                        [_In(f"from{agg}/recv", (3, agg), owned[agg], agg) for agg in aggs])
+    for agg, t_send, (t_recv, reply) in zip(aggs, sent, back, strict=True):
+        # After the send: the encode has read these values before they are overwritten.
+        _decode(graph, ctx, f"from{agg}/decode", (4, agg), reply, owned[agg], False, mean,
+                (t_recv, t_send))
+    if total is not None:
         _decode(graph, ctx, "agg/decode", (4, world), total, mine, False, mean, (t_enc,))
 
 
@@ -330,7 +401,8 @@ def build_ring(ctx: Context, graph: Graph) -> None:
     The chunk's segments are grouped into N runs by their owners (``Chunk.runs``). At
     reduce-scatter hop h, rank r receives run (r-h-1) mod N from its left, adds its own
     values and re-encodes; after N-1 hops it owns run (r+1) mod N. The allgather forwards
-    the owners' messages unchanged, so every rank decodes the same bytes.
+    the owners' messages unchanged, so every rank decodes the same bytes. Each of the
+    2(N-1) hops is a stage: one send to the right, one receive from the left.
     """
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
@@ -338,11 +410,12 @@ def build_ring(ctx: Context, graph: Graph) -> None:
     mean = 1.0 / world
     runs = ctx.chunk.runs(world)
     t_last, message = _encode(graph, ctx, "rs-encode", (0, 0), runs[rank], "worker")
-    _send(graph, ctx, "rs-send0", (1, 0), message, right, ctx.tag_of(0), (t_last,))
+    send = _Out("rs-send0", (1, 0), message, right, (t_last,))
     for h in range(world - 1):
         c = (rank - h - 1) % world
-        t_recv, incoming = _recv(graph, ctx, f"rs-recv{h}", (2 * h + 1, 0), runs[c], left,
-                                 ctx.tag_of(h))
+        _, [(t_recv, incoming)] = _messages(
+            graph, ctx, f"rs-hop{h}", (2 * h + 1, 0), ctx.tag_of(h), [send],
+            [_In(f"rs-recv{h}", (2 * h + 1, 0), runs[c], left)])
         # Run c is read at this hop only; merge into it (final decodes overwrite it).
         t_merge = _decode(graph, ctx, f"rs-merge{h}", (2 * h + 2, 0), incoming, runs[c], True,
                           None, (t_last, t_recv))
@@ -350,7 +423,7 @@ def build_ring(ctx: Context, graph: Graph) -> None:
         t_last, message = _encode(graph, ctx, f"rs-encode{h}", (2 * h + 2, 1), runs[c],
                                   "owner" if owner else "hop", (t_merge,))
         name = f"rs-send{h + 1}" if not owner else "ag-send0"
-        _send(graph, ctx, name, (2 * h + 3, 0), message, right, ctx.tag_of(h + 1), (t_last,))
+        send = _Out(name, (2 * h + 3, 0), message, right, (t_last,))
     # Our own reduced run: decode the bytes every other rank decodes.
     own = (rank + 1) % world
     _decode(graph, ctx, f"decode{own}", (2 * world, 0), message, runs[own], False, mean,
@@ -358,11 +431,11 @@ def build_ring(ctx: Context, graph: Graph) -> None:
     for g in range(world - 1):
         c = (rank - g) % world
         stage = 2 * world + 2 * g + 1
-        t_recv, final = _recv(graph, ctx, f"ag-recv{g}", (stage, 0), runs[c], left,
-                              ctx.tag_of(world - 1 + g))
-        if g < world - 2:
-            _send(graph, ctx, f"ag-send{g + 1}", (stage + 1, 0), final, right,
-                  ctx.tag_of(world + g), (t_recv,))
+        _, [(t_recv, final)] = _messages(
+            graph, ctx, f"ag-hop{g}", (stage, 0), ctx.tag_of(world - 1 + g),
+            [send] if send is not None else [],
+            [_In(f"ag-recv{g}", (stage, 0), runs[c], left)])
+        send = _Out(f"ag-send{g + 1}", (stage + 1, 0), final, right, (t_recv,))
         # t_last ends the reduce-scatter, after every read of this rank's values.
         _decode(graph, ctx, f"decode{c}", (stage + 1, 1), final, runs[c], False, mean,
                 (t_recv, t_last))
@@ -370,19 +443,21 @@ def build_ring(ctx: Context, graph: Graph) -> None:
 
 def build_allgather(ctx: Context, graph: Graph) -> None:
     """Every rank encodes the chunk, the message goes to every rank, each decodes and
-    sums in rank order."""
+    sums in rank order. One stage."""
     assert ctx.codec is not None
     rank, world = ctx.rank, ctx.world
     segs = ctx.chunk.segments
-    tag = ctx.tag_of(0)
     t_enc, mine = _encode(graph, ctx, "encode", (0, 0), segs, "worker")
-    sends = tuple(_send(graph, ctx, f"send{dst}", (1, dst), mine, dst, tag, (t_enc,))
-                  for dst in range(world) if dst != rank)
+    peers = [r for r in range(world) if r != rank]
+    sends, got = _messages(graph, ctx, "exchange", (1, 0), ctx.tag_of(0),
+                           [_Out(f"send{dst}", (1, dst), mine, dst, (t_enc,)) for dst in peers],
+                           [_In(f"recv{src}", (2, src), segs, src) for src in peers])
+    received = dict(zip(peers, got, strict=True))
     t_prev: Task = t_enc
     for src in range(world):
         message, t_in = mine, None
         if src != rank:
-            t_in, message = _recv(graph, ctx, f"recv{src}", (2, src), segs, src, tag)
+            t_in, message = received[src]
         last = src == world - 1
         # The same summation order on every rank keeps the results bitwise identical.
         t_prev = _decode(graph, ctx, f"decode{src}", (3, src), message, segs, src != 0,
@@ -417,8 +492,9 @@ def _contiguous(segs: list[Segment], memory: Memory) -> Any:
 def build_none(ctx: Context, graph: Graph) -> None:
     """Plain (uncompressed) allreduce of the chunk, then the average: in place when its
     segments lie end to end, else through one buffer copied in now (so that every rank
-    posts its allreduces in the same order) and back after. A chunk on a GPU is copied
-    to pinned host memory now and back after (Gloo reduces host memory)."""
+    posts its allreduces in the same order) and back after. A staged chunk on a GPU is
+    copied to pinned host memory now and back after (Gloo reduces host memory); the nccl
+    link reduces it where it is."""
     segs = ctx.chunk.segments
     if ctx.chunk.numel == 0:
         return  # nothing to reduce: an empty graph finishes at once, on every rank
@@ -436,10 +512,21 @@ def build_none(ctx: Context, graph: Graph) -> None:
                 memory.copy(flat[offset:offset + s.n], s.view())
                 offset += s.n
     wire = flat
-    if not isinstance(memory, HostMemory):
-        wire = ctx.scratch("flat-host", ctx.chunk.numel, np.float32, True)
-        memory.to_host(wire, flat)
-    t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(wire))
+    link = ctx.link
+    assert link is not None
+    if link.sequencer is not None:  # nccl: reduce the device buffer, in the link's order
+        sequencer, number = link.sequencer, link.sequencer.number()
+
+        def post() -> Handle:
+            return sequencer.post(number, lambda: ctx.transport.allreduce_device(flat),
+                                  Handle(None, -1, "allreduce", flat))
+
+        t_ar = graph.task("allreduce", "post", (0, 0), post)
+    else:
+        if not isinstance(memory, HostMemory):
+            wire = ctx.scratch("flat-host", ctx.chunk.numel, np.float32, True)
+            memory.to_host(wire, flat)
+        t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(wire))
 
     def average() -> None:
         if wire is not flat:

@@ -27,7 +27,7 @@ from .profiler import cached
 from .simulate import Gradient
 from .state import load_state_dict as load_engine_state
 from .state import state_dict as engine_state
-from .transport import Transport, tag_space
+from .transport import NcclTransport, Transport, tag_space
 
 __all__ = ["Synchronizer", "default_timeout"]
 
@@ -38,7 +38,25 @@ DEVICE_TYPES = {"cuda"}
 _log = logging.getLogger("hipress")
 _HOW = {"gloo": "host buffers over Gloo",
         "staged": "compressed on the GPU, the payloads staged through pinned host memory "
-                  "over Gloo"}
+                  "over Gloo",
+        "nccl": "compressed on the GPU, the payloads over NCCL at their worst-case sizes"}
+
+
+def _cuda_transport(choice: str | Transport | None) -> str | Transport:
+    """``staged`` or ``nccl`` (or a test's transport): the argument, else
+    ``HIPRESS_CUDA_TRANSPORT``, else ``auto``, which is ``nccl`` when the default process
+    group is NCCL (one GPU per rank, as ``hp.init`` sets up) and ``staged`` otherwise."""
+    if isinstance(choice, Transport):
+        return choice
+    raw = choice or os.environ.get("HIPRESS_CUDA_TRANSPORT") or "auto"
+    if raw not in ("auto", "staged", "nccl"):
+        raise ConfigError(f"cuda_transport={raw!r}: give 'auto', 'staged' or 'nccl'")
+    if raw != "auto":
+        return raw
+    import torch.distributed as dist
+
+    nccl = dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
+    return "nccl" if nccl else "staged"
 
 
 def default_timeout() -> float:
@@ -128,6 +146,12 @@ class Synchronizer:
         chunk_elems: a chunk is sent once it holds this many elements.
         seed: the RNG seed of stochastic algorithms (the same on every rank).
         transport: a ``Transport`` (tests instrument it); by default built on ``group``.
+        cuda_transport: how messages of CUDA tensors travel (``casync.devices``):
+            ``"staged"`` (compressed payloads through pinned host memory over ``group``),
+            ``"nccl"`` (device buffers over ``nccl_group``, default the world), or
+            ``"auto"``: nccl when the default group is NCCL; default
+            ``HIPRESS_CUDA_TRANSPORT``, else auto.
+        nccl_group: the NCCL group over the same ranks as ``group`` (default the world).
         trace: record task timings in ``executor.trace``.
         **params: parameters of ``algorithm``.
 
@@ -144,6 +168,7 @@ class Synchronizer:
                  group: Any = None, timeout: float | None = None,
                  chunk_elems: int = CHUNK_ELEMS, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
+                 cuda_transport: str | Transport | None = None, nccl_group: Any = None,
                  trace: bool = False, **params: Any) -> None:
         if isinstance(planner, str) and planner not in ("auto", "static"):
             raise ConfigError(f"planner={planner!r}: give 'auto', 'static' or a Planner")
@@ -180,6 +205,9 @@ class Synchronizer:
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, Any] = {}
         self._links: dict[str, Link] = {}
+        self.cuda_transport = _cuda_transport(cuda_transport)
+        self._nccl_group = nccl_group
+        self._device_transport: Transport | None = None
         self._rows: dict[Hashable, Any] = {}
         self.algorithm = None if algorithm in (None, "none") else algorithm
         self.topology = "none" if self.algorithm is None else topology
@@ -212,10 +240,27 @@ class Synchronizer:
         memory = memory if memory is not None else HostMemory()
         link = self._links.get(memory.device)
         if link is None:
-            link = self._links[memory.device] = Link(memory, self.transport)
+            if isinstance(memory, HostMemory) or self.cuda_transport == "staged":
+                link = Link(memory, self.transport)
+            else:
+                link = Link(memory, self._device_wire(), device_wire=True)
+            self._links[memory.device] = link
             _log.info("CaSync rank %d: tensors on %s travel %s (%s)", self.rank,
                       memory.device, link.name, _HOW[link.name])
         return link
+
+    def _device_wire(self) -> Transport:
+        """The transport of device-resident messages: NCCL, or the one a test gave."""
+        if isinstance(self.cuda_transport, Transport):
+            return self.cuda_transport
+        if self._device_transport is None:
+            nccl = NcclTransport(self._nccl_group)
+            if (nccl.rank, nccl.size) != (self.rank, self.size):
+                raise ConfigError(f"the NCCL group has rank {nccl.rank} of {nccl.size} where "
+                                  f"the engine's group has rank {self.rank} of {self.size}; "
+                                  "pass nccl_group= over the same ranks")
+            self._device_transport = nccl
+        return self._device_transport
 
     def _probe(self) -> Codec:
         return self.codec(Plan(self.topology if self.topology != "none" else "ps",
@@ -264,6 +309,8 @@ class Synchronizer:
             "seed": self.seed,
             "planner": repr(self.planner),
             "chunk elements": self.chunk_elems,
+            "CUDA transport": self.cuda_transport if isinstance(self.cuda_transport, str)
+            else type(self.cuda_transport).__name__,
         }
         if self.algorithm is not None:
             probe = self._probe()

@@ -21,7 +21,8 @@ import numpy as np
 
 from hipress_errors import ConfigError
 
-__all__ = ["Handle", "Transport", "tag_space", "parse_rate", "Pacer"]
+__all__ = ["Handle", "Transport", "NcclTransport", "Sequencer", "tag_space", "parse_rate",
+           "Pacer"]
 
 #: Tags are 31-bit; the engine allots consecutive tags per graph and wraps around.
 tag_space = 1 << 31
@@ -51,15 +52,16 @@ def parse_rate(text: str) -> float:
 class Handle:
     """One posted operation: what to wait on, with whom, and its buffer."""
 
-    __slots__ = ("work", "peer", "kind", "buffer", "ready")
+    __slots__ = ("work", "peer", "kind", "buffer", "ready", "error")
 
-    def __init__(self, work: Any, peer: int, kind: str, buffer: np.ndarray,
+    def __init__(self, work: Any, peer: int, kind: str, buffer: Any,
                  ready: threading.Event | None = None) -> None:
-        self.work = work
+        self.work = work  # a backend Work, or a list of them (an exchange)
         self.peer = peer
         self.kind = kind
         self.buffer = buffer
-        self.ready = ready  # set once a paced operation is actually posted
+        self.ready = ready  # set once a paced or sequenced operation is actually posted
+        self.error: BaseException | None = None  # raised by wait: a deferred post failed
 
 
 class Pacer:
@@ -188,11 +190,114 @@ class Transport:
         return self._paced(nbytes, lambda: self.dist.all_reduce(
             _torch_view(data), group=self.group, async_op=True), -1, "allreduce", data)
 
+    def exchange(self, sends: list[tuple[Any, int]], recvs: list[tuple[Any, int]],
+                 tag: int) -> list[Any]:
+        """Post a stage's sends and receives (``(buffer, group rank)`` each) as one batch
+        (``batch_isend_irecv``: one NCCL group, so a pair's send and receive cannot wait
+        on each other); returns the backend's works."""
+        ops = [self.dist.P2POp(self.dist.isend, _torch_view(b), self._global(peer),
+                               self.group, tag) for b, peer in sends]
+        ops += [self.dist.P2POp(self.dist.irecv, _torch_view(b), self._global(peer),
+                                self.group, tag) for b, peer in recvs]
+        for buf, _ in sends:
+            self.bytes_sent += int(buf.nbytes)
+            self.messages_sent += 1
+        return list(self.dist.batch_isend_irecv(ops)) if ops else []
+
+    def allreduce_device(self, data: Any) -> Any:
+        """Post an in-place sum of a tensor over the group; returns the backend's work."""
+        self.bytes_sent += 2 * int(data.nbytes) * (self.size - 1) // max(self.size, 1)
+        self.collectives += 1
+        return self.dist.all_reduce(data, group=self.group, async_op=True)
+
     def wait(self, handle: Handle, timeout: float) -> None:
         """Block until ``handle`` completes; raises the backend's error on failure."""
         deadline = time.monotonic() + timeout
         if handle.ready is not None and not handle.ready.wait(timeout):
-            raise TimeoutError(f"a paced {handle.kind} was not posted within {timeout:g} s "
+            raise TimeoutError(f"a deferred {handle.kind} was not posted within {timeout:g} s "
                                "(timed out)")
-        handle.work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        if handle.error is not None:
+            raise handle.error
+        for work in handle.work if isinstance(handle.work, list) else [handle.work]:
+            self._wait_work(work, deadline)
 
+    def _wait_work(self, work: Any, deadline: float) -> None:
+        work.wait(timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+
+
+
+class Sequencer:
+    """Posts operations in the order they were numbered, whatever order they become ready.
+
+    NCCL matches a pair's point-to-point operations in the order each side posts them,
+    and collectives in the order of the group. The engine numbers a link's exchanges and
+    collectives as it builds its graphs — chunk by chunk, stage by stage, the same on
+    every rank — and an operation that is ready early waits (its handle not ``ready``)
+    until every lower number was posted. Posting does not block, so a waiting operation
+    is posted by the thread that posted the one before it.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._next = 0
+        self._queued: dict[int, tuple[Callable[[], Any], Handle]] = {}
+        self._lock = threading.Lock()
+
+    def number(self) -> int:
+        """The next operation's place (when its graph is built)."""
+        n, self._count = self._count, self._count + 1
+        return n
+
+    def post(self, n: int, post: Callable[[], Any], handle: Handle) -> Handle:
+        """Post ``post()`` as operation ``n`` into ``handle.work``, now or once every
+        lower number was posted; a failure is raised by the handle's wait."""
+        handle.ready = handle.ready or threading.Event()
+        with self._lock:  # posts run under the lock: two threads cannot reorder them
+            self._queued[n] = (post, handle)
+            while self._next in self._queued:
+                run, h = self._queued.pop(self._next)
+                self._next += 1
+                try:
+                    h.work = run()
+                except BaseException as exc:  # noqa: BLE001 - the waiter raises it
+                    h.error = exc
+                assert h.ready is not None
+                h.ready.set()
+        return handle
+
+
+class NcclTransport(Transport):
+    """Posts CUDA tensors over an NCCL group: the ``nccl`` link of ``casync.devices``.
+
+    A receive must be posted at the sender's exact size and a pair's operations are
+    matched in posting order, so the link sends every message at its worst-case size and
+    posts a stage's sends and receives as one batch, in one order on every rank
+    (``Sequencer``). Waits poll the work (an NCCL wait would only order the streams), so a
+    silent peer still raises within the timeout.
+    """
+
+    backend = "nccl"
+
+    def __init__(self, group: Any = None) -> None:
+        import torch
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_nccl_available()
+                and torch.cuda.is_available()):
+            raise ConfigError("cuda_transport='nccl' needs torch with NCCL and a CUDA "
+                              "device; this one has none (cuda_transport='staged' sends the "
+                              "compressed payloads over Gloo)")
+        super().__init__(group, None)
+
+    def _wrong_backend(self, backend: str) -> str:
+        return (f"cuda_transport='nccl' needs an NCCL process group, not {backend!r}; "
+                "initialise the default group with backend='nccl' or pass nccl_group=")
+
+    def _wait_work(self, work: Any, deadline: float) -> None:
+        pause = 20e-6
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError("an NCCL operation did not complete (timed out)")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
+        work.wait()  # raises the backend's error, if any

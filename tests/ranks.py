@@ -117,11 +117,16 @@ def _torch_tensor(values: np.ndarray, dtype: str, contiguous: bool) -> Any:
 
 def _stand_in(args: dict[str, Any]) -> None:
     """With ``device``, CPU tensors take the path CUDA tensors take (torch buffers,
-    residuals and scratch, payloads staged through host buffers), on the CPU kernels."""
+    residuals and scratch), on the CPU kernels, with ``device``'s link: ``staged``
+    (payloads through host buffers) or ``nccl`` (device buffers, batched stages in one
+    order; here over Gloo)."""
     if args.get("device"):
         from casync import synchronizer
+        from casync.transport import Transport
 
         synchronizer.DEVICE_TYPES = {"cuda", "cpu"}
+        if args["device"] == "nccl":  # the nccl link's protocol, over Gloo
+            synchronizer._cuda_transport = lambda choice: Transport()
 
 
 def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:

@@ -102,14 +102,15 @@ def _run(tmp_path, scenario, name, args):
 
 
 @pytest.mark.parallel
-def test_the_device_path_gives_the_host_paths_bits(tmp_path):
-    """Every algorithm and topology, fp16/bf16/non-contiguous tensors (upcast and written
-    back), small tensors through the plain allreduce: the same bits either way."""
+@pytest.mark.parametrize("link", ["staged", "nccl"])
+def test_the_device_path_gives_the_host_paths_bits(tmp_path, link):
+    """Every topology, fp16/bf16/non-contiguous tensors (upcast and written back), small
+    tensors through the plain allreduce: the same bits either way."""
     args = {"algos": ["onebit", "dgc", "minmax8", "cgx"]}
     host = _run(tmp_path, "strategies", "host", args)
-    device = _run(tmp_path, "strategies", "device", {**args, "device": True})
+    device = _run(tmp_path, "strategies", "device", {**args, "device": link})
     assert [r["links"] for r in host] == [["gloo"], ["gloo"]]
-    assert [r["links"] for r in device] == [["staged"], ["staged"]]
+    assert [r["links"] for r in device] == [[link], [link]]
     for h, d in zip(host, device, strict=True):
         assert h["arrays"].keys() == d["arrays"].keys()
         for key in h["arrays"]:
@@ -117,11 +118,13 @@ def test_the_device_path_gives_the_host_paths_bits(tmp_path):
 
 
 @pytest.mark.parallel
+@pytest.mark.parametrize("link", ["staged", "nccl"])
 @pytest.mark.parametrize("topology", ["ps", "ring"])
-def test_error_feedback_on_the_device_path_gives_the_host_paths_bits(tmp_path, topology):
+def test_error_feedback_on_the_device_path_gives_the_host_paths_bits(tmp_path, topology,
+                                                                     link):
     args = {"algo": "onebit", "topology": topology, "steps": 20}
     host = _run(tmp_path, "feedback", "host", args)
-    device = _run(tmp_path, "feedback", "device", {**args, "device": True})
+    device = _run(tmp_path, "feedback", "device", {**args, "device": link})
     for h, d in zip(host, device, strict=True):
         assert sorted(h["arrays"]) == sorted(d["arrays"]) and len(h["arrays"]) > 1
         for key in h["arrays"]:  # the running sums and every residual
@@ -129,14 +132,14 @@ def test_error_feedback_on_the_device_path_gives_the_host_paths_bits(tmp_path, t
 
 
 @pytest.mark.parallel
-@pytest.mark.parametrize("bf16", [False, True], ids=["f32", "bf16"])
-def test_the_torch_plugin_on_the_device_path_gives_the_host_paths_bits(tmp_path, bf16):
+@pytest.mark.parametrize("link,bf16", [("staged", False), ("staged", True), ("nccl", True)])
+def test_the_torch_plugin_on_the_device_path_gives_the_host_paths_bits(tmp_path, link, bf16):
     """The DDP hook (a bucket's gradients are views of one buffer) and DistributedOptimizer;
     bf16 gradients are upcast where they live and written back."""
     args = {"modes": ["hook", "optimizer"], "algos": ["onebit", "none"], "steps": 6,
             "bf16": bf16}
     host = _run(tmp_path, "torch_plugin", "host", args)
-    device = _run(tmp_path, "torch_plugin", "device", {**args, "device": True})
+    device = _run(tmp_path, "torch_plugin", "device", {**args, "device": link})
     for h, d in zip(host, device, strict=True):
         for key in ("hook/onebit", "hook/none", "optimizer/onebit", "optimizer/none"):
             assert h[key]["digest"] == d[key]["digest"], key
@@ -160,3 +163,42 @@ def test_views_of_one_buffer_reduce_in_place():
     assert bucket.tolist() == [1.0] * 10
     assert _contiguous([seg(bucket[:4]), seg(torch.zeros(6))], memory) is None
     assert _contiguous([seg(bucket[:4]), seg(bucket[5:])], memory) is None
+
+
+def test_the_sequencer_posts_in_number_order_whatever_order_they_are_ready():
+    from casync.transport import Handle, Sequencer
+
+    seq = Sequencer()
+    numbers = [seq.number() for _ in range(4)]
+    posted: list[int] = []
+
+    def post(n: int):
+        def run():
+            posted.append(n)
+            if n == 2:
+                raise RuntimeError("peer gone")
+            return f"work{n}"
+        return run
+
+    handles = {n: Handle(None, -1, "exchange", None) for n in numbers}
+    for n in (3, 1):  # ready early: wait for 0
+        seq.post(n, post(n), handles[n])
+    assert posted == [] and not handles[1].ready.is_set()
+    seq.post(0, post(0), handles[0])
+    assert posted == [0, 1] and handles[1].work == "work1" and not handles[3].ready.is_set()
+    seq.post(2, post(2), handles[2])
+    assert posted == [0, 1, 2, 3] and handles[3].ready.is_set()
+    assert isinstance(handles[2].error, RuntimeError)  # raised by the waiter, not here
+
+
+def test_the_nccl_transport_says_what_it_needs():
+    from casync.synchronizer import _cuda_transport
+    from casync.transport import NcclTransport
+
+    if not torch.distributed.is_nccl_available():
+        with pytest.raises(ConfigError, match="needs torch with NCCL and a CUDA device"):
+            NcclTransport()
+    with pytest.raises(ConfigError, match="give 'auto', 'staged' or 'nccl'"):
+        _cuda_transport("tcp")
+    assert _cuda_transport("auto") == "staged"  # no NCCL default group here
+    assert _cuda_transport("nccl") == "nccl"
