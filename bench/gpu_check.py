@@ -47,9 +47,11 @@ def _cuda() -> Any:
 
 
 def run_tests(timeout: float) -> dict:
-    """``pytest -m gpu`` on the CUDA kernel tests; the counts from its summary line."""
+    """``pytest -m gpu``: the CUDA kernels against the reference, and the engine on CUDA
+    tensors (two ranks sharing the GPU) against the host engine; the counts from its
+    summary line."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-           str(ROOT / "tests" / "test_kernels_cuda.py")]
+           str(ROOT / "tests" / "test_kernels_cuda.py"), str(ROOT / "tests" / "test_devices.py")]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:

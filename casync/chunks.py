@@ -50,6 +50,9 @@ class Entry:
     ptr: int = 0
     #: where ``buf`` lives (a ``casync.devices.Memory``); None: the host
     memory: Any = None
+    #: a CUDA event after the gradient was produced (and upcast): the engine's stream
+    #: waits for it before reading ``buf``
+    ready: Any = None
 
     @property
     def numel(self) -> int:

@@ -87,9 +87,17 @@ class Memory:
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
-        """Make this memory's device current (kernels launch on the current device, which
-        is per thread, and the engine's threads start on device 0)."""
+        """Make this memory's device and the engine's stream on it current (both are per
+        thread in torch: the engine's threads start on device 0's default stream)."""
         yield
+
+    def ready_event(self) -> Any:
+        """An event after the calling thread's work so far on this device (a gradient's
+        producer: the backward pass), or None where no ordering is needed."""
+        return None
+
+    def after(self, event: Any) -> None:
+        """Order the engine's later work on this device after ``event``."""
 
     def put_length(self, buf: Any, value: int) -> None:
         """Write a message's length into its first ``LENGTH`` bytes."""
@@ -131,6 +139,9 @@ class TorchMemory(Memory):
         self.device = str(self._device)
         self.cuda = self._device.type == "cuda"
         self._types = {np.dtype(np.uint8): torch.uint8, np.dtype(np.float32): torch.float32}
+        #: the engine's stream on this device: its kernels and copies run there, ordered
+        #: after each gradient's producer by events, not by synchronizing the device
+        self.stream = torch.cuda.Stream(self._device) if self.cuda else None
 
     def empty(self, n: int, dtype: Any) -> Any:
         torch = _torch()
@@ -166,8 +177,21 @@ class TorchMemory(Memory):
         if not self.cuda:
             yield
             return
-        with _torch().cuda.device(self._device):
+        torch = _torch()
+        with torch.cuda.device(self._device), torch.cuda.stream(self.stream):
             yield
+
+    def ready_event(self) -> Any:
+        if not self.cuda:
+            return None
+        torch = _torch()
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def after(self, event: Any) -> None:
+        if event is not None and self.stream is not None:
+            self.stream.wait_event(event)
 
     def put_length(self, buf: Any, value: int) -> None:
         header = np.array([value], np.uint64).view(np.uint8)

@@ -18,6 +18,13 @@ for a message that waits for it, and the pipeline cannot deadlock. Several waite
 Gloo receive cannot be polled, only waited on) let later messages complete while an
 earlier one is still in flight. While chunk i's messages travel, the compute thread is
 already encoding chunk i+1, which started as soon as its tensors arrived.
+
+On the nccl link (``casync.devices``) a stage's sends and receives are one post task
+whose handle is waited like a receive, and stages are posted in the order graphs were
+built, the same on every rank (``casync.transport.Sequencer``). A stage depends only on
+compute tasks, which depend only on earlier stages; posting never blocks, and a posted
+operation progresses whether or not a waiter watches it. So by induction over that
+order every stage is posted on every rank and completes, and no lane deadlocks.
 """
 
 from __future__ import annotations

@@ -167,11 +167,11 @@ class Context:
             mix = np.uint64((self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF)
             items["step"] = (rows.sites * np.uint64(0xC2B2AE3D) + mix) & np.uint64(0xFFFFFFFF)
             items["flags"] = FEEDBACK if self.feedback is not None else 0
+        assert self.link is not None
         with self.memory.active():
             total = codec.encode_items(items, out) if len(segs) else 0
-        assert self.link is not None
-        return self.link.outgoing(
-            out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
+            return self.link.outgoing(
+                out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
 
     def decode(self, message: Message, segs: list[Segment], accumulate: bool,
                scale: float | None, site: Hashable = None) -> None:
@@ -179,8 +179,9 @@ class Context:
         mean."""
         codec = self.codec
         assert codec is not None and self.link is not None
-        payload = self.link.payloads(
-            message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
+        with self.memory.active():
+            payload = self.link.payloads(
+                message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
         size = _nbytes(payload)
         if codec.target == "ref":
             self._decode_arrays(payload, segs, accumulate, scale)
@@ -517,9 +518,12 @@ def build_none(ctx: Context, graph: Graph) -> None:
     if link.sequencer is not None:  # nccl: reduce the device buffer, in the link's order
         sequencer, number = link.sequencer, link.sequencer.number()
 
+        def reduce() -> Any:
+            with memory.active():  # NCCL's stream waits for the engine's
+                return ctx.transport.allreduce_device(flat)
+
         def post() -> Handle:
-            return sequencer.post(number, lambda: ctx.transport.allreduce_device(flat),
-                                  Handle(None, -1, "allreduce", flat))
+            return sequencer.post(number, reduce, Handle(None, -1, "allreduce", flat))
 
         t_ar = graph.task("allreduce", "post", (0, 0), post)
     else:
@@ -529,14 +533,15 @@ def build_none(ctx: Context, graph: Graph) -> None:
         t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(wire))
 
     def average() -> None:
-        if wire is not flat:
-            memory.from_host(flat, wire)
-        memory.scale(flat, scale)
-        if not inplace:
-            offset = 0
-            for s in segs:
-                memory.copy(s.view(), flat[offset:offset + s.n])
-                offset += s.n
+        with memory.active():
+            if wire is not flat:
+                memory.from_host(flat, wire)
+            memory.scale(flat, scale)
+            if not inplace:
+                offset = 0
+                for s in segs:
+                    memory.copy(s.view(), flat[offset:offset + s.n])
+                    offset += s.n
 
     graph.task("average", "compute", (1, 0), average, deps=(t_ar,))
 

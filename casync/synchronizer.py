@@ -71,9 +71,13 @@ def default_timeout() -> float:
     return value
 
 
-def _future() -> Any:
+def _future(memory: Memory | None) -> Any:
+    """A future for a tensor on ``memory``: CUDA-aware on a GPU (torch refuses CUDA values
+    in a CPU future; this one makes its waiters' streams wait for the engine's)."""
     import torch
 
+    if memory is not None and memory.cuda:
+        return torch.futures.Future(devices=[torch.device(memory.device)])
     return torch.futures.Future()
 
 
@@ -361,7 +365,8 @@ class Synchronizer:
         if not self._names:
             self._settle()
             self.health.progress(self.step)
-        entry = Entry(name, tensor, buf, write_back, _future(), ptr=ptr, memory=memory)
+        entry = Entry(name, tensor, buf, write_back, _future(memory), ptr=ptr, memory=memory,
+                      ready=memory.ready_event() if memory is not None else None)
         self._names.add(name)
         if self._fit is not None:
             self._seen.append((name, entry.numel))
@@ -451,6 +456,8 @@ class Synchronizer:
                       self.link(chunk.segments[0].entry.memory if chunk.segments else None))
         self._tag = (self._tag + slots(plan.topology, self.size)) % tag_space
         graph = Graph(chunk.label, self.step)
+        link = ctx.link
+        assert link is not None
         entries = list(dict.fromkeys(s.entry for s in chunk.segments))
 
         def done() -> None:
@@ -461,8 +468,11 @@ class Synchronizer:
                     if seg.entry.pending == 0:
                         finished.append(seg.entry)
             for entry in finished:
-                _give_back(entry)
-                entry.future.set_result(entry.tensor)
+                # On the engine's stream: a write-back copy and the future's event follow
+                # the decodes.
+                with link.memory.active():
+                    _give_back(entry)
+                    entry.future.set_result(entry.tensor)
 
         def failed(error: BaseException) -> None:
             for entry in entries:
@@ -470,7 +480,10 @@ class Synchronizer:
                     entry.future.set_exception(error)
 
         try:  # builders post the graph's receives
-            BUILDERS[plan.topology](ctx, graph)
+            with link.memory.active():  # the engine's stream waits for the gradients
+                for entry in entries:
+                    link.memory.after(entry.ready)
+                BUILDERS[plan.topology](ctx, graph)
         except RuntimeError as exc:  # Gloo's error for a peer already gone
             error = self.executor.reject(graph, exc)
             failed(error)

@@ -373,7 +373,11 @@ class Codec:
                             for o, n in zip(outs, ns, strict=True)]
         elif nbytes:
             raise PayloadError(f"{nbytes} bytes for no segments")
-        self._kernel(backend).decode_batch(items, int(accumulate), scale, feedback)
+        if cuda:
+            self._kernel(backend).decode_batch(items, int(accumulate), scale, feedback,
+                                               device=payload.device)
+        else:
+            self._kernel(backend).decode_batch(items, int(accumulate), scale, feedback)
         return outs
 
     def encode_items(self, items: np.ndarray, out: Any) -> int:

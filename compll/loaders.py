@@ -23,8 +23,10 @@ arrays or CPU tensors); on the GPU they are device pointers of CUDA tensors.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -206,9 +208,27 @@ class CpuKernel(Kernel):
 
 
 class CudaKernel(Kernel):
-    """A CUDA library called on device memory of torch CUDA tensors."""
+    """A CUDA library called on device memory of torch CUDA tensors.
+
+    A call runs on the data's device and on torch's current stream there (the caller's
+    ``torch.cuda.stream(...)``, else the default stream), so the caller orders it with
+    its own work by streams and events; it returns after one synchronization of that
+    stream, which the payload sizes need.
+    """
 
     target = "cuda"
+
+    def __init__(self, program: ir.Program, artifact: Artifact) -> None:
+        super().__init__(program, artifact)
+        self.lib.hp_set_stream.argtypes = [ctypes.c_void_p]
+
+    @contextlib.contextmanager
+    def _on(self, device: Any) -> Iterator[None]:
+        import torch
+
+        with torch.cuda.device(device):
+            self.lib.hp_set_stream(torch.cuda.current_stream(device).cuda_stream)
+            yield
 
     def encode(self, x: Any, seed: int, step: int, into: Any = None,
                residual: Any = None) -> Any:
@@ -223,32 +243,28 @@ class CudaKernel(Kernel):
             return buf, buf.data_ptr()
 
         r_ptr = None if residual is None else residual.data_ptr()
-        with torch.cuda.device(x.device):
+        with self._on(x.device):
             return self.run_encode(x.data_ptr(), r_ptr, x.numel(), seed, step, alloc)
 
     def decode(self, payload: Any, n: int, out: Any, accumulate: bool,
                scale: float = 1.0, feedback: bool = False) -> None:
-        import torch
-
         if payload.data_ptr() % 8:
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
-        with torch.cuda.device(out.device):
+        with self._on(out.device):
             self.run_decode(payload.data_ptr(), payload.numel(), n, out.data_ptr(), accumulate,
                             scale, feedback)
 
     def encode_batch(self, items: np.ndarray, seed: int, buf: Any) -> int:
-        import torch
-
-        with torch.cuda.device(buf.device):
+        with self._on(buf.device):
             return self.run_encode_batch(items, seed, True)
 
     def decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
-                     feedback: bool) -> None:
+                     feedback: bool, device: Any = None) -> None:
         import torch
 
         if items.size and int(items["p"][0]) % 8:
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
-        with torch.cuda.device(torch.cuda.current_device()):
+        with self._on(torch.cuda.current_device() if device is None else device):
             self.run_decode_batch(items, accumulate, scale, feedback, True)
 
 

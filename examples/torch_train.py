@@ -203,7 +203,11 @@ def main() -> None:
     if args.width is None:
         args.width = 128 if args.model == "resnet" else 2048
 
-    hp.init()
+    # NCCL refuses two ranks on one GPU: ranks that share one talk Gloo, and CaSync
+    # stages their compressed messages through host memory (cuda_transport "auto").
+    shared = args.device.startswith("cuda") and torch.cuda.is_available() and int(
+        os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
+    hp.init(backend="gloo" if shared else None)
     rank, world = hp.rank(), hp.size()
     xtr, ytr, xte, yte = load_digits_split()
     device = torch.device(args.device)

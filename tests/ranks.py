@@ -39,7 +39,10 @@ def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = N
     for rank in range(world):
         e = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HIPRESS_THREADS="1",
-                 OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
+                 OMP_NUM_THREADS="1",
+                 # the checkout first; keep what the caller added (the device check's wheels)
+                 PYTHONPATH=os.pathsep.join(
+                     p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p))
         e.update(env or {})
         procs.append(subprocess.Popen(
             [sys.executable, str(script), scenario, json.dumps(args or {}),
@@ -143,11 +146,13 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             sync = Synchronizer(algo, topo, planner=planner, chunk_elems=8192, timeout=60)
             tensors = [_torch_tensor(data(rank, i, n), dt, c)
                        for i, (n, dt, c) in enumerate(TENSORS)]
+            if args.get("cuda"):  # ranks share the GPU (the staged link)
+                tensors = [t.cuda() for t in tensors]
             futures = [sync.submit(f"t{i}", t) for i, t in enumerate(tensors)]
             sync.synchronize()
             for i, (t, f) in enumerate(zip(tensors, futures, strict=True)):
                 assert f.done() and f.value() is t
-                arrays[f"{algo}/{topo}/{i}"] = t.float().numpy()
+                arrays[f"{algo}/{topo}/{i}"] = t.float().cpu().numpy()
             links |= {link.name for link in sync._links.values()}
             sync.close()
     np.savez(out / f"rank{rank}.npz", **arrays)
@@ -169,9 +174,11 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     total = np.zeros(n, np.float64)
     for step in range(steps):
         g = torch.from_numpy(data(rank, 0, n, step))
+        if args.get("cuda"):
+            g = g.cuda()
         sync.submit("g", g)
         sync.synchronize()
-        total += g.numpy()
+        total += g.cpu().numpy()
     residuals = {f"r{i}": r for i, r in enumerate(
         r for ef in sync.state_dict()["residuals"].values() for r in ef.values())}
     np.savez(out / f"rank{rank}.npz", total=total, **residuals)

@@ -202,3 +202,32 @@ def test_the_nccl_transport_says_what_it_needs():
         _cuda_transport("tcp")
     assert _cuda_transport("auto") == "staged"  # no NCCL default group here
     assert _cuda_transport("nccl") == "nccl"
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_tensors_give_the_host_paths_bits(tmp_path):
+    """Two ranks on one GPU (staged): the CUDA kernels inside the engine, pinned copies,
+    residuals on the device — the bits of the same job on host tensors."""
+    args = {"algos": ["onebit", "dgc", "minmax8", "cgx"]}
+    host = _run(tmp_path, "strategies", "host", args)
+    gpu = _run(tmp_path, "strategies", "cuda", {**args, "cuda": True})
+    assert [r["links"] for r in gpu] == [["staged"], ["staged"]]
+    for h, d in zip(host, gpu, strict=True):
+        for key in h["arrays"]:
+            assert h["arrays"][key].tobytes() == d["arrays"][key].tobytes(), key
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("topology", ["ps", "ring"])
+def test_error_feedback_on_cuda_gives_the_host_paths_bits(tmp_path, topology):
+    args = {"algo": "onebit", "topology": topology, "steps": 20}
+    host = _run(tmp_path, "feedback", "host", args)
+    gpu = _run(tmp_path, "feedback", "cuda", {**args, "cuda": True})
+    for h, d in zip(host, gpu, strict=True):
+        for key in h["arrays"]:
+            assert h["arrays"][key].tobytes() == d["arrays"][key].tobytes(), key

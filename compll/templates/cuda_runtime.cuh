@@ -26,6 +26,16 @@ namespace hp {
 
 constexpr int THREADS = 256;
 
+// The stream every launch, copy and allocation of a call goes to: the caller's, set per
+// thread by hp_set_stream (0, the legacy default stream, until then). A call ends with
+// one synchronization of that stream, not of the device, so other streams (the
+// framework's backward pass) keep running.
+inline cudaStream_t& stream_slot() {
+  static thread_local cudaStream_t s = 0;
+  return s;
+}
+inline cudaStream_t stream() { return stream_slot(); }
+
 // The first CUDA error of a call; the exported functions report it.
 inline char* error_text() {
   static thread_local char text[256] = {0};
@@ -57,15 +67,15 @@ class buffer {
     return *this;
   }
   ~buffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) cudaFreeAsync(ptr_, stream());
   }
   void resize(uint64_t n) {  // zero-filled; contents are not kept
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) cudaFreeAsync(ptr_, stream());
     ptr_ = nullptr;
     size_ = n;
     if (n) {
-      check(cudaMalloc(&ptr_, n * sizeof(T)), "cudaMalloc");
-      check(cudaMemset(ptr_, 0, n * sizeof(T)), "cudaMemset");
+      check(cudaMallocAsync(&ptr_, n * sizeof(T), stream()), "cudaMallocAsync");
+      check(cudaMemsetAsync(ptr_, 0, n * sizeof(T), stream()), "cudaMemset");
     }
   }
   T* data() const { return ptr_; }
@@ -79,13 +89,18 @@ class buffer {
 template <class T>
 std::vector<T> to_host(const T* p, uint64_t n) {
   std::vector<T> h((size_t)n);
-  if (n) check(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
+  if (n) {
+    check(cudaMemcpyAsync(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost, stream()),
+          "copy to host");
+    check(cudaStreamSynchronize(stream()), "copy to host");
+  }
   return h;
 }
 template <class T>
 void to_device(T* p, const std::vector<T>& h) {
   if (!h.empty())
-    check(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "copy to device");
+    check(cudaMemcpyAsync(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, stream()),
+          "copy to device");
 }
 
 struct Unpacks {
@@ -305,8 +320,8 @@ struct SumF32 {
     double total = 0.0;
     if (chunks) {
       buffer<double> lanes(chunks * SUM_LANES), part(chunks);
-      k_sum_lanes<<<blocks_for(chunks * SUM_LANES), THREADS>>>(len, f, st, lanes.data());
-      k_combine_lanes<<<blocks_for(chunks), THREADS>>>(chunks, lanes.data(), part.data());
+      k_sum_lanes<<<blocks_for(chunks * SUM_LANES), THREADS, 0, stream()>>>(len, f, st, lanes.data());
+      k_combine_lanes<<<blocks_for(chunks), THREADS, 0, stream()>>>(chunks, lanes.data(), part.data());
       check(cudaGetLastError(), "sum kernel");
       for (double p : to_host(part.data(), chunks)) total += p;
     }
@@ -339,7 +354,7 @@ struct SumInt {
     if (chunks) {
       buffer<int64_t> part(chunks);
       auto wide = [f = f] __device__(uint64_t i, const Stage& s) { return (int64_t)f(i, s); };
-      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, wide, st, (int64_t)0, AddI64{},
+      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, wide, st, (int64_t)0, AddI64{},
                                                    part.data(), (int*)nullptr);
       check(cudaGetLastError(), "sum kernel");
       for (int64_t p : to_host(part.data(), chunks)) total += (uint64_t)p;
@@ -362,7 +377,7 @@ struct ExtremeF32 {
       buffer<float> part(chunks);
       buffer<int> nans(chunks);
       auto as_f = [f = f] __device__(uint64_t i, const Stage& s) { return (float)f(i, s); };
-      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, as_f, st, IS_MAX ? -HP_INF : HP_INF,
+      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, as_f, st, IS_MAX ? -HP_INF : HP_INF,
                                                    ExtremeOp<IS_MAX>{}, part.data(), nans.data());
       check(cudaGetLastError(), "max/min kernel");
       const std::vector<float> p = to_host(part.data(), chunks);
@@ -388,7 +403,7 @@ struct ExtremeInt {
     T best = init;
     if (chunks) {
       buffer<T> part(chunks);
-      k_chunk_reduce<<<(unsigned)chunks, THREADS>>>(len, f, st, init, ExtremeIntOp<IS_MAX, T>{},
+      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, f, st, init, ExtremeIntOp<IS_MAX, T>{},
                                                    part.data(), (int*)nullptr);
       check(cudaGetLastError(), "max/min kernel");
       for (T p : to_host(part.data(), chunks)) best = IS_MAX ? (p > best ? p : best) : (p < best ? p : best);
@@ -406,9 +421,9 @@ struct Pack {
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
     if (BITS == 1) {
-      k_pack1<<<(unsigned)((len + THREADS - 1) / THREADS), THREADS>>>(dst, len, f, st);
+      k_pack1<<<(unsigned)((len + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(dst, len, f, st);
     } else {
-      k_pack<BITS><<<blocks_for((len * BITS + 7) / 8), THREADS>>>(dst, len, f, st);
+      k_pack<BITS><<<blocks_for((len * BITS + 7) / 8), THREADS, 0, stream()>>>(dst, len, f, st);
     }
     check(cudaGetLastError(), "pack kernel");
   }
@@ -422,7 +437,7 @@ struct Store {
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_store<<<blocks_for(len), THREADS>>>(reinterpret_cast<T*>(dst), len, f, st);
+    k_store<<<blocks_for(len), THREADS, 0, stream()>>>(reinterpret_cast<T*>(dst), len, f, st);
     check(cudaGetLastError(), "store kernel");
   }
 };
@@ -438,7 +453,7 @@ struct WriteOut {
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS>>>(out, len, accumulate, scale, feedback, f, st);
+    k_write_out<<<blocks_for(len), THREADS, 0, stream()>>>(out, len, accumulate, scale, feedback, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
@@ -455,7 +470,7 @@ __global__ void k_scale_into(float* x, uint64_t n, float s) {
 // x[i] *= s (a batched decode's SCALE_SUM: the mean of the sum).
 inline void scale_into(float* x, uint64_t n, float s) {
   if (!n) return;
-  k_scale_into<<<blocks_for(n), THREADS>>>(x, n, s);
+  k_scale_into<<<blocks_for(n), THREADS, 0, stream()>>>(x, n, s);
   check(cudaGetLastError(), "scale kernel");
 }
 
@@ -467,7 +482,7 @@ __global__ void k_add_into(float* r, const float* g, uint64_t n) {
 }
 inline void add_into(float* r, const float* g, uint64_t n) {
   if (!n) return;
-  k_add_into<<<blocks_for(n), THREADS>>>(r, g, n);
+  k_add_into<<<blocks_for(n), THREADS, 0, stream()>>>(r, g, n);
   check(cudaGetLastError(), "add kernel");
 }
 // As an op of a pass (the CPU fuses it into the pass's loop; here it is one more kernel).
@@ -489,7 +504,7 @@ void pack_all(uint8_t* dst, uint64_t len, F f) {
 template <class T, class F>
 buffer<T> materialize(uint64_t len, F f) {
   buffer<T> out(len);
-  if (len) k_materialize<<<blocks_for(len), THREADS>>>(out.data(), len, f);
+  if (len) k_materialize<<<blocks_for(len), THREADS, 0, stream()>>>(out.data(), len, f);
   check(cudaGetLastError(), "materialize kernel");
   return out;
 }
@@ -503,7 +518,7 @@ void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) 
     return;
   }
   buffer<uint32_t> counts(tiles);
-  k_count<<<(unsigned)tiles, THREADS>>>(len, pred, counts.data());
+  k_count<<<(unsigned)tiles, THREADS, 0, stream()>>>(len, pred, counts.data());
   check(cudaGetLastError(), "filter count");
   std::vector<uint32_t> c = to_host(counts.data(), tiles);
   std::vector<uint64_t> start(tiles + 1, 0);
@@ -512,7 +527,7 @@ void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) 
   to_device(dstart.data(), std::vector<uint64_t>(start.begin(), start.end() - 1));
   if (idx) idx->resize(start[tiles]);
   out->resize(start[tiles]);
-  k_compact<<<(unsigned)tiles, THREADS>>>(len, val, pred, dstart.data(),
+  k_compact<<<(unsigned)tiles, THREADS, 0, stream()>>>(len, val, pred, dstart.data(),
                                           idx ? idx->data() : nullptr, out->data());
   check(cudaGetLastError(), "filter write");
 }
@@ -621,7 +636,7 @@ template <class I, class V>
 void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedback,
                  uint64_t len, I index, V value) {
   if (!accumulate && !feedback) {
-    check(cudaMemset(out, 0, n * sizeof(float)), "cudaMemset");
+    check(cudaMemsetAsync(out, 0, n * sizeof(float), stream()), "cudaMemset");
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
@@ -639,18 +654,20 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
 
 // ---- payload bytes: device memory, written and read from the host ------------------------
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) {
-  if (n) check(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), "copy to device");
+  // From pageable host memory the copy returns once src was read: src may go after it.
+  if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream()), "copy to device");
 }
 inline void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t n) {
-  if (n) check(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice), "copy on device");
+  if (n) check(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream()), "copy on device");
 }
 inline void zero_bytes(uint8_t* dst, uint64_t n) {
-  if (n) check(cudaMemset(dst, 0, n), "cudaMemset");
+  if (n) check(cudaMemsetAsync(dst, 0, n, stream()), "cudaMemset");
 }
 template <class T>
 inline T get(const uint8_t* p) {
   T v;
-  check(cudaMemcpy(&v, p, sizeof(T), cudaMemcpyDeviceToHost), "copy to host");
+  check(cudaMemcpyAsync(&v, p, sizeof(T), cudaMemcpyDeviceToHost, stream()), "copy to host");
+  check(cudaStreamSynchronize(stream()), "copy to host");
   return v;
 }
 template <class T>
