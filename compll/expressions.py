@@ -55,6 +55,9 @@ class ExprRenderer:
         self.pass_stage: list[tuple[str, int]] = []  # packed arrays the open pass stages
         self.pass_expand: list[tuple[str, int]] = []  # (f32 array bytes, block) it expands
         self.block_bytes: dict[str, str] = {}  # one-value-per-block f32 arrays in memory
+        # what a pass's prologue computes per chunk (compll.scheduling.fuse_blockwise)
+        self.prologue_calls: dict[str, str] = {}  # block reductions' range calls
+        self.prologue_fns: dict[str, str] = {}  # per-block lazy arrays' element functions
         self.stage_index: str | None = None  # the index of a staged element lambda
         self.hoisted: list[str] = []  # uniform values the next statement computes first
 

@@ -23,6 +23,7 @@ import jinja2
 from . import ir
 from . import schedule as sch
 from .compiler import dump_stage
+from .constants import SUM_CHUNK
 from .diagnostics import BuildError
 from .expressions import ExprRenderer
 from .ir import FLOATS
@@ -116,8 +117,12 @@ class CRenderer(ExprRenderer):
         length = item.value.ty.length
         if length is not None and length.kind == "blocks":  # read per element by expand
             buf = self.fresh("blk")
-            self.emit(f"auto {buf} = hp::materialize<{self.ctype(elem)}>({self.extent(extent)}, "
-                      f"{fn});")
+            if item.in_pass:  # filled by the prologue of a later pass
+                self.emit(f"hp::buffer<{self.ctype(elem)}> {buf}({self.extent(extent)});")
+                self.prologue_fns[item.name] = fn
+            else:
+                self.emit(f"auto {buf} = hp::materialize<{self.ctype(elem)}>("
+                          f"{self.extent(extent)}, {fn});")
             self.bind_buffer(item.name, buf, elem)
             if elem == "f32":
                 self.block_bytes[item.name] = f"(const uint8_t*)b_{self.safe(item.name)}"
@@ -202,24 +207,35 @@ class CRenderer(ExprRenderer):
         direct = "true" if item.direct else "false"
         buf = self.fresh("blk")
         self.emit(f"hp::buffer<{t}> {buf}({count});")
-        args = f"{self.length(item.array)}, {item.block}u, {fn}, {buf}.data()"
+        # In a later pass's prologue the same call covers blocks [k0, k1) of each chunk.
+        # (by the bound pointers: a by-value capture's buffers are const there).
+        rng, at = ("_range", "k0, k1, ") if item.in_pass else ("", "")
+        data = (lambda b, name: f"b_{self.safe(name)}") if item.in_pass \
+            else (lambda b, name: f"{b}.data()")
+        args = f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data(buf, item.name)}"
         if item.other:
             other = self.fresh("blk")
             self.emit(f"hp::buffer<{t}> {other}({count});")
-            lo, hi = (buf, other) if item.op == "min" else (other, buf)
-            args = f"{self.length(item.array)}, {item.block}u, {fn}, {lo}.data(), {hi}.data()"
-            self.emit(f"hp::block_minmax_f32<{direct}>({args});")
+            lo, hi = ((buf, item.name), (other, item.other)) if item.op == "min" \
+                else ((other, item.other), (buf, item.name))
+            args = (f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data(*lo)}, "
+                    f"{data(*hi)}")
+            call = f"hp::block_minmax_f32{rng}<{direct}>({args});"
             self.bind_buffer(item.other, other, item.elem)
             if item.elem == "f32":
                 self.block_bytes[item.other] = f"(const uint8_t*)b_{self.safe(item.other)}"
         elif item.op == "sum" and float_op:
-            self.emit(f"hp::block_sum_f32<{direct}>({args});")
+            call = f"hp::block_sum_f32{rng}<{direct}>({args});"
         elif item.op == "sum":
-            self.emit(f"hp::block_sum_int<{t}>({args});")
+            call = f"hp::block_sum_int{rng}<{t}>({args});"
         elif float_op:
-            self.emit(f"hp::block_extreme_f32<{is_max}, {direct}>({args});")
+            call = f"hp::block_extreme_f32{rng}<{is_max}, {direct}>({args});"
         else:
-            self.emit(f"hp::block_extreme_int<{is_max}, {self.ctype(item.operand)}>({args});")
+            call = f"hp::block_extreme_int{rng}<{is_max}, {self.ctype(item.operand)}>({args});"
+        if item.in_pass:
+            self.prologue_calls[item.name] = call
+        else:
+            self.emit(call)
         self.bind_buffer(n, buf, item.elem)
         if item.elem == "f32":
             self.block_bytes[item.name] = f"(const uint8_t*)b_{n}"
@@ -240,7 +256,27 @@ class CRenderer(ExprRenderer):
             blocks = ", ".join(f"{b}u" for _, b in self.pass_expand)
             fields += f", {{{xs}}}, {{{blocks}}}, {len(self.pass_expand)}"
         body = ",\n      ".join(ops)
-        self.emit(f"hp::fused({self.extent(item.extent)}, hp::Unpacks{{{fields}}},\n      {body});")
+        # Block by block (hp::BlockStage) where the runtime allows it: see fused_pro.
+        sizes = {b for _, b in self.pass_expand}
+        by_block = "<true>" if (self.stage_expands and len(sizes) == 1 and all(
+            b > 0 and b % 8 == 0 and SUM_CHUNK % b == 0 for b in sizes) and all(
+            isinstance(op, _SPLIT) for op in item.ops)) else ""
+        if item.prologue:
+            pro = self.fresh("pro")
+            steps = [self.prologue_calls[p.name] if isinstance(p, sch.BlockReduce)
+                     else f"hp::fill_range(b_{self.safe(p.name)}, k0, k1, "
+                          f"{self.prologue_fns[p.name]});" for p in item.prologue]
+            self.emit(f"auto {pro} = {self.lam}(uint64_t lo, uint64_t hi) {{")
+            self.emit(f"  const uint64_t k0 = lo / {item.block}u, "
+                      f"k1 = hp::blocks(hi, {item.block}u);")
+            for step in steps:
+                self.emit("  " + step)
+            self.emit("};")
+            self.emit(f"hp::fused_pro{by_block or '<false>'}({self.extent(item.extent)}, {pro}, "
+                      f"hp::Unpacks{{{fields}}},\n      {body});")
+        else:
+            self.emit(f"hp::fused{by_block}({self.extent(item.extent)}, "
+                      f"hp::Unpacks{{{fields}}},\n      {body});")
         self.pass_stage, self.pass_expand = [], []
 
     def op_sum(self, op: sch.Sum) -> str:
@@ -442,6 +478,10 @@ class CRenderer(ExprRenderer):
         )
 
 
+#: loop ops that need no more than their own elements: they may run block by block
+_SPLIT = (sch.Store, sch.PackStore, sch.WriteOut, sch.AddResidualOp)
+
+
 def _results(op: sch.LoopOp) -> list[tuple[str, str]]:
     """The scalars a loop op computes, with their element types."""
     if isinstance(op, (sch.Sum, sch.Extreme)):
@@ -458,8 +498,13 @@ class CpuRenderer(CRenderer):
     target = "cpu"
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
-    options = sch.Options(direct_reductions=True, merged_extremes=True)
+    options = sch.Options(direct_reductions=True, merged_extremes=True, fused_blocks=True)
     stage_expands = True
+
+    @staticmethod
+    def signature(i: str, staged: bool) -> str:
+        # Generic over the stage: a chunk's (hp::Stage) or one block's (hp::BlockStage).
+        return f"uint64_t {i}, const auto& st" if staged else f"uint64_t {i}"
 
 
 class CudaRenderer(CRenderer):

@@ -33,6 +33,9 @@ class Options:
     direct_reductions: bool = False
     #: a min and a max of the same elements in one pass may run as one ``MinMax``
     merged_extremes: bool = False
+    #: a blockwise reduction may run inside the next pass over its elements, per chunk
+    #: (``Pass.prologue``)
+    fused_blocks: bool = False
 
 
 # -- extents and arrays -------------------------------------------------------------------------
@@ -180,10 +183,17 @@ LoopOp = Sum | Extreme | MinMax | Store | PackStore | AddResidualOp | WriteOut
 
 @dataclass
 class Pass:
-    """One loop over ``extent`` running ``ops`` element by element."""
+    """One loop over ``extent`` running ``ops`` element by element.
+
+    ``prologue``: block reductions and lazy per-block arrays (materialised) that each
+    chunk of the pass computes for its own blocks of ``block`` elements before the ops
+    run on it (``compll.scheduling.fuse_blockwise``).
+    """
 
     extent: Extent
     ops: list[LoopOp]
+    prologue: list[BlockReduce | Lazy] = field(default_factory=list)
+    block: int = 0
 
 
 @dataclass
@@ -199,6 +209,8 @@ class Lazy:
 
     name: str
     value: ir.Expr
+    #: a per-block array filled by a later pass's prologue; here only allocated
+    in_pass: bool = False
 
 
 @dataclass
@@ -242,6 +254,8 @@ class BlockReduce:
     block: int
     direct: bool = False
     other: str = ""
+    #: computed chunk by chunk by a later pass's prologue; here only allocated
+    in_pass: bool = False
 
 
 @dataclass
@@ -367,9 +381,16 @@ def _show_op(op: LoopOp) -> str:
 
 def _show_item(item: Item) -> list[str]:
     if isinstance(item, Pass):
-        return [f"pass over {item.extent}:"] + [f"    {_show_op(op)}" for op in item.ops]
+        head = [f"pass over {item.extent}:"]
+        if item.prologue:
+            names = ", ".join(n for p in item.prologue for n in (p.name, getattr(p, "other", ""))
+                              if n)
+            head = [f"pass over {item.extent}, each chunk first {names} of its blocks "
+                    f"of {item.block}:"]
+        return head + [f"    {_show_op(op)}" for op in item.ops]
     if isinstance(item, (Scalar, Lazy)):
-        return [f"let {item.name} = {show(item.value)}"]
+        later = " (in the pass below)" if isinstance(item, Lazy) and item.in_pass else ""
+        return [f"let {item.name} = {show(item.value)}{later}"]
     if isinstance(item, (Selection, PackLet, Scatter)):
         names = ", ".join(item.names) if isinstance(item, Selection) else item.name
         return [f"barrier {names} = {show(item.call)}"]
@@ -378,8 +399,9 @@ def _show_item(item: Item) -> list[str]:
         key = f", key={show(item.key)}" if item.key is not None else ""
         what = "minmax" if item.other else item.op
         direct = " direct" if item.direct else ""
+        later = " (in the pass below)" if item.in_pass else ""
         return [f"barrier {names} = block {what}({show(item.array)}{key}, block={item.block})"
-                + direct]
+                + direct + later]
     if isinstance(item, AddResidual):
         return ["r += g"]
     if isinstance(item, EncodeInput):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from . import ir
 from .builtins import BUILTINS, Kind
+from .constants import SUM_CHUNK
 from .ir import FLOATS
 from .schedule import (
     AddResidual,
@@ -53,7 +54,8 @@ from .schedule import (
     shape,
 )
 
-__all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "place_residual"]
+__all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "fuse_blockwise",
+           "place_residual"]
 
 
 # -- program order ------------------------------------------------------------------------------
@@ -372,6 +374,103 @@ def merge_block_extremes(items: list[Item]) -> list[Item]:
     return out
 
 
+def _names(node: object) -> set[str]:
+    """Every variable an IR node or item mentions (lambda parameters too: conservative)."""
+    if isinstance(node, ir.Var):
+        return {node.name}
+    if isinstance(node, (list, tuple)):
+        return set().union(*(_names(x) for x in node)) if node else set()
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return set().union(*(_names(getattr(node, f.name)) for f in dataclasses.fields(node)
+                             if f.name not in ("pos", "ty")))
+    return set()
+
+
+def _defines(item: Item) -> set[str]:
+    if isinstance(item, BlockReduce):
+        return {item.name, item.other} - {""}
+    if isinstance(item, (Lazy, Scalar)):
+        return {item.name}
+    if isinstance(item, Pass):
+        return {name for op in item.ops for name in _outs(op)}
+    return set()
+
+
+def _outs(op: LoopOp) -> list[str]:
+    if isinstance(op, (Sum, Extreme)):
+        return [op.out]
+    if isinstance(op, MinMax):
+        return [op.lo, op.hi]
+    return []
+
+
+def fuse_blockwise(items: list[Item], arrays: dict[str, ArrayInfo]) -> list[Item]:
+    """Run a block reduction inside the next pass over its elements: each chunk of the
+    pass first reduces its own blocks and evaluates the per-block arrays that depend on
+    them, then runs the ops, so the elements are read from memory once (the values are
+    the same: a block is reduced as an array of its own).
+
+    It applies when the blocks divide ``SUM_CHUNK`` (no block spans two chunks) and
+    everything between the reduction and the pass either ignores its results, is another
+    reduction of the same blocks (it joins), is a
+    per-block array of the same blocks (then filled by the prologue too), is a lazy
+    elementwise array (read inside the pass), sizes the payload (by lengths), or is a
+    pass over the blocks (it moves after the pass). The reduction stays in place as the
+    allocation of its buffers.
+    """
+    out = list(items)
+    i = -1
+    while i + 1 < len(out):
+        i += 1
+        br = out[i]
+        if not (isinstance(br, BlockReduce) and not br.in_pass and br.block > 0
+                and SUM_CHUNK % br.block == 0):
+            continue
+        base, blocks = extent_of(br.array, arrays), arrays[br.name].extent
+        fused = _defines(br)
+        prologue: list[BlockReduce | Lazy] = [br]
+        moved: list[Item] = []
+        late: set[str] = set()
+        target = None
+        for j in range(i + 1, len(out)):
+            item = out[j]
+            refs = _names(item)
+            if refs & late:
+                break
+            if isinstance(item, Pass) and item.extent == base and not item.prologue:
+                target = j
+                break
+            if isinstance(item, BlockReduce) and item.block == br.block \
+                    and extent_of(item.array, arrays) == base:
+                prologue.append(item)  # the same blocks: reduced in the same prologue
+                fused |= _defines(item)
+                continue
+            if not refs & fused:
+                continue
+            if isinstance(item, Lazy) and arrays[item.name].extent == blocks:
+                prologue.append(item)
+                fused.add(item.name)
+            elif isinstance(item, Lazy) and arrays[item.name].extent == base:
+                continue  # an element function: read per element inside the pass
+            elif isinstance(item, PayloadSizes):
+                continue  # sizes of sections: the blocks' count, not their values
+            elif isinstance(item, Pass) and item.extent == blocks:
+                moved.append(item)
+                late |= _defines(item)
+            else:
+                break
+        if target is None:
+            continue
+        this = out[target]
+        assert isinstance(this, Pass)
+        this.prologue, this.block = prologue, br.block
+        for p in prologue:
+            p.in_pass = True
+        rest = [x for x in out[i + 1:target] if not any(x is m for m in moved)]
+        out = out[:i + 1] + rest + [this] + moved + out[target + 1:]
+    return out
+
+
 def place_residual(items: list[Item], early: bool) -> list[Item]:
     """Put error feedback's ``r += g`` before the first read of g: as the first op of the
     first pass when that pass runs over n, else as a loop of its own (first of all when
@@ -408,6 +507,8 @@ def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
         items = merge_block_extremes(fuse(b.out))
         if options.merged_extremes:
             items = merge_extremes(items)
+        if options.fused_blocks:
+            items = fuse_blockwise(items, b.arrays)
         size_arg = ""
         if fn.name == "encode":
             items = place_residual(items, early=calls(fn.body, "gather"))

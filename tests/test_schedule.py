@@ -83,15 +83,36 @@ def test_hipress_dump_schedule_prints_it():
 
 
 def test_cgx_runs_one_block_minmax_before_its_passes():
-    encode, decode = kernels(load("cgx"))
+    encode, decode = kernels(load("cgx"), CudaRenderer)
     assert kinds(encode) == ["EncodeInput", "AddResidual", "BlockReduce", "Scalar", "Lazy",
                              "Lazy", "Lazy", "PayloadSizes", "Pass", "Pass", "Return"]
     (block,) = (item for item in encode.items if isinstance(item, sch.BlockReduce))
     assert (block.op, block.name, block.other, block.block) == ("min", "lo", "hi", 512)
+    assert not block.in_pass
     blocks_pass, element_pass = (item for item in encode.items if isinstance(item, sch.Pass))
     assert blocks_pass.extent.kind == "blocks" and element_pass.extent.kind == "n"
     assert [type(op).__name__ for op in element_pass.ops] == ["PackStore"]
     assert kinds(decode) == ["CheckSections", "BindSections", "Pass", "Return"]
+
+
+def test_cgx_reduces_each_chunks_blocks_inside_its_element_pass_on_the_cpu():
+    encode, _ = kernels(load("cgx"))
+    assert kinds(encode) == ["EncodeInput", "AddResidual", "BlockReduce", "Scalar", "Lazy",
+                             "Lazy", "Lazy", "PayloadSizes", "Pass", "Pass", "Return"]
+    element_pass, blocks_pass = (item for item in encode.items if isinstance(item, sch.Pass))
+    assert element_pass.extent.kind == "n" and element_pass.block == 512
+    assert [(type(p).__name__, p.name) for p in element_pass.prologue] == [
+        ("BlockReduce", "lo"), ("Lazy", "scale"), ("Lazy", "inv")]
+    assert all(p.in_pass for p in element_pass.prologue)
+    # the section writes of the block values moved after the pass that computes them
+    assert blocks_pass.extent.kind == "blocks" and not blocks_pass.prologue
+    assert "each chunk first lo, hi, scale, inv of its blocks of 512" in str(encode)
+
+
+@pytest.mark.parametrize("name,bucket", [("cgx", 1000), ("zeropp", 100), ("qsgd", 0)])
+def test_blocks_that_do_not_divide_a_chunk_stay_a_pass_of_their_own(name, bucket):
+    encode, _ = kernels(load(name, bucket=bucket))
+    assert not any(isinstance(item, sch.Pass) and item.prologue for item in encode.items)
 
 
 def test_block_sizes_are_part_of_the_kernel():

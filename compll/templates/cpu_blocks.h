@@ -52,7 +52,8 @@ inline void each_block(uint64_t len, uint64_t b, Seg seg, Fold fold) {
 template <class F>
 struct Plain {  // a block function f(i) in the (i, Stage) shape of the chunk reductions
   F f;
-  auto operator()(uint64_t i, const Stage&) const { return f(i); }
+  template <class S>
+  auto operator()(uint64_t i, const S&) const { return f(i); }
 };
 
 template <bool DIRECT = false, class F>
@@ -153,6 +154,71 @@ void block_extreme_int(uint64_t len, uint64_t b, F f, T* out) {
         }
         out[k] = best;
       });
+}
+
+// Blocks [k0, k1) alone, for a fused pass's prologue (hp::fused_pro): the same values
+// as the whole-array forms above when a block is one segment (b divides SUM_CHUNK).
+template <bool DIRECT = false, class F>
+void block_sum_f32_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f,
+                         float* out) {
+  const Plain<F> fs{f};
+  for (uint64_t k = k0; k < k1; ++k) {
+    const uint64_t lo = k * b, hi = std::min(len, lo + b);
+    out[k] = canonical((float)(lo < hi ? sum_chunk<DIRECT, uint64_t>(fs, lo, hi, Stage{}) : 0.0));
+  }
+}
+
+template <class T, class F>
+void block_sum_int_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f, T* out) {
+  for (uint64_t k = k0; k < k1; ++k) {
+    uint32_t s = 0;
+    for (uint64_t i = k * b, hi = std::min(len, k * b + b); i < hi; ++i) s += (uint32_t)f(i);
+    out[k] = (T)s;
+  }
+}
+
+template <bool MIN, bool MAX, bool DIRECT, class F>
+void block_extremes_f32_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f,
+                              float* lo_out, float* hi_out) {
+  const Plain<F> fs{f};
+  for (uint64_t k = k0; k < k1; ++k) {
+    const uint64_t lo = k * b, hi = std::min(len, lo + b);
+    float mn = HP_INF, mx = -HP_INF;
+    const bool nan = lo < hi ? extreme_chunk<MIN, MAX, DIRECT, uint64_t>(fs, lo, hi, Stage{},
+                                                                         mn, mx)
+                             : len > 0;
+    if constexpr (MIN) lo_out[k] = nan ? HP_NAN : (mn == 0.0f ? 0.0f : mn);
+    if constexpr (MAX) hi_out[k] = nan ? HP_NAN : (mx == 0.0f ? 0.0f : mx);
+  }
+}
+template <bool IS_MAX, bool DIRECT = false, class F>
+void block_extreme_f32_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f,
+                             float* out) {
+  block_extremes_f32_range<!IS_MAX, IS_MAX, DIRECT>(len, b, k0, k1, f, out, out);
+}
+template <bool DIRECT = false, class F>
+void block_minmax_f32_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f,
+                            float* lo, float* hi) {
+  block_extremes_f32_range<true, true, DIRECT>(len, b, k0, k1, f, lo, hi);
+}
+
+template <bool IS_MAX, class T, class F>
+void block_extreme_int_range(uint64_t len, uint64_t b, uint64_t k0, uint64_t k1, F f,
+                             T* out) {
+  for (uint64_t k = k0; k < k1; ++k) {
+    T best = IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
+    for (uint64_t i = k * b, hi = std::min(len, k * b + b); i < hi; ++i) {
+      const T v = (T)f(i);
+      best = IS_MAX ? (v > best ? v : best) : (v < best ? v : best);
+    }
+    out[k] = best;
+  }
+}
+
+// A lazy array of one value per block, evaluated for blocks [k0, k1) (a prologue's).
+template <class T, class F>
+void fill_range(T* out, uint64_t k0, uint64_t k1, F f) {
+  for (uint64_t k = k0; k < k1; ++k) out[k] = (T)f(k);
 }
 
 }  // namespace hp

@@ -63,6 +63,12 @@ struct Stage {
   uint8_t get(int k, uint64_t i) const { return p[k][i - lo]; }
   float ex(int k, uint64_t i) const { return x[k][i - lo]; }
 };
+// One block of a chunk, for passes whose expanded arrays share one block size: each is a
+// single value here, which the element loops keep in a register (no staging, no gather).
+struct BlockStage : Stage {
+  float xv[MAX_STAGED];
+  float ex(int k, uint64_t) const { return xv[k]; }
+};
 
 inline void expand_chunk(float* dst, const uint8_t* src, uint64_t block, uint64_t lo,
                          uint64_t hi) {
@@ -121,10 +127,18 @@ inline void unpack_chunk(uint8_t* dst, const uint8_t* src, uint64_t lo, uint64_t
   }
 }
 
-template <class... Ops>
-void fused(uint64_t len, Unpacks u, Ops&&... ops) {
+// pro(lo, hi) runs first on each chunk: a blockwise reduction fused into the pass
+// computes the values of the chunk's blocks there, while its elements are in cache, so
+// the input is read from memory once (blocks divide SUM_CHUNK, so no block spans chunks).
+// BLOCKS (the renderer's choice): the ops need no more than their elements (stores,
+// packs, the output) and every expanded array has one block size that divides a chunk
+// and holds whole bytes of packed bits (a multiple of 8). Then they run block by block,
+// each expanded array one value per block.
+template <bool BLOCKS, class Pro, class... Ops>
+void fused_pro(uint64_t len, Pro pro, Unpacks u, Ops&&... ops) {
   const int64_t chunks = (int64_t)((len + SUM_CHUNK - 1) / SUM_CHUNK);
   (ops.start(len, chunks), ...);
+  const uint64_t bs = u.xcount > 0 ? u.xblock[0] : 0;
 #pragma omp parallel
   {
     alignas(64) uint8_t staged[MAX_STAGED][SUM_CHUNK];
@@ -133,11 +147,24 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
     for (int64_t c = 0; c < chunks; ++c) {
       const uint64_t lo = (uint64_t)c * SUM_CHUNK;
       const uint64_t hi = std::min(len, lo + SUM_CHUNK);
+      pro(lo, hi);
       Stage st;
       st.lo = lo;
       for (int k = 0; k < u.count; ++k) {
         unpack_chunk(staged[k], u.src[k], lo, hi, u.bits[k]);
         st.p[k] = staged[k];
+      }
+      if constexpr (BLOCKS && (std::decay_t<Ops>::split && ...)) {
+        if (bs > 0) {
+          BlockStage b;
+          static_cast<Stage&>(b) = st;
+          for (uint64_t s = lo; s < hi; s += bs) {
+            const uint64_t e = std::min(hi, s + bs);
+            for (int k = 0; k < u.xcount; ++k) std::memcpy(&b.xv[k], u.xsrc[k] + 4 * (s / bs), 4);
+            (ops.chunk(s, e, c, b), ...);
+          }
+          continue;
+        }
       }
       for (int k = 0; k < u.xcount; ++k) {
         expand_chunk(expanded.data() + (size_t)k * SUM_CHUNK, u.xsrc[k], u.xblock[k], lo, hi);
@@ -149,11 +176,16 @@ void fused(uint64_t len, Unpacks u, Ops&&... ops) {
   (ops.finish(), ...);
 }
 
+template <bool BLOCKS = false, class... Ops>
+void fused(uint64_t len, Unpacks u, Ops&&... ops) {
+  fused_pro<BLOCKS>(len, [](uint64_t, uint64_t) {}, u, std::forward<Ops>(ops)...);
+}
+
 // Reductions and packings evaluate elements into an L1-resident buffer first: that loop
 // vectorises (element functions are branch-free expressions), and the reduction or
 // packing that follows reads contiguous values.
-template <class T, class F>
-inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const Stage& st) {
+template <class T, class F, class S>
+inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const S& st) {
   for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) buf[i - lo] = (T)f(i, st);
 }
 
@@ -179,8 +211,8 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 // counted from lo.
 // I is the DIRECT loops' index: 32 bits in fused passes (see above); blockwise reductions
 // use 64, with which GCC keeps the eight loads of a vector one load inside their loop.
-template <bool DIRECT, class I = uint32_t, class F>
-inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st) {
+template <bool DIRECT, class I = uint32_t, class F, class S>
+inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const S& st) {
   hp_d8 acc[4];
   for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
   for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
@@ -231,11 +263,13 @@ inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st) {
 
 template <class F, bool DIRECT>
 struct SumF32 {
+  static constexpr bool split = false;  // may run block by block
   F f;
   float* out;
   std::vector<double> part;
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0.0); }
-  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
     part[(size_t)c] = sum_chunk<DIRECT>(this->f, lo, hi, st);
   }
   void finish() {
@@ -251,11 +285,13 @@ SumF32<F, DIRECT> sum_f32(F f, float* out) { return {f, out, {}}; }
 // so these are the low bits of the interpreter's exact sum. No buffer: the loop vectorises.
 template <class T, class F>
 struct SumInt {
+  static constexpr bool split = false;  // may run block by block
   F f;
   T* out;
   std::vector<uint32_t> part;
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0u); }
-  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
     const F f = this->f;
     uint32_t s = 0;
     for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) s += (uint32_t)f(i, st);
@@ -278,8 +314,8 @@ inline hp_f8 hp_vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
 
 // One chunk of ExtremeF32: the NaN-ignoring min (MIN) and max (MAX) of f over [lo, hi)
 // into bmin / bmax (still +-inf when every element is NaN); returns whether all are NaN.
-template <bool MIN, bool MAX, bool DIRECT, class I = uint32_t, class F>
-inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st, float& min_out,
+template <bool MIN, bool MAX, bool DIRECT, class I = uint32_t, class F, class S>
+inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const S& st, float& min_out,
                           float& max_out) {
   // Four independent 8-lane accumulators per result, so the loop runs at load speed
   // rather than at the latency of one chain of compares. A NaN never wins a
@@ -344,6 +380,7 @@ inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const Stage& st, 
 
 template <bool MIN, bool MAX, class F, bool DIRECT>
 struct ExtremeF32 {
+  static constexpr bool split = false;  // may run block by block
   F f;
   float* lo_out;  // when MIN
   float* hi_out;  // when MAX
@@ -354,7 +391,8 @@ struct ExtremeF32 {
     hi_part.assign((size_t)chunks, -HP_INF);
     all_nan.assign((size_t)chunks, 1);
   }
-  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
     all_nan[(size_t)c] = extreme_chunk<MIN, MAX, DIRECT>(this->f, lo, hi, st,
                                                        lo_part[(size_t)c], hi_part[(size_t)c]);
   }
@@ -381,12 +419,14 @@ ExtremeF32<true, true, F, DIRECT> minmax_f32(F f, float* lo, float* hi) {
 
 template <bool IS_MAX, class T, class F>
 struct ExtremeInt {
+  static constexpr bool split = false;  // may run block by block
   F f;
   T* out;
   std::vector<T> part;
   static T init() { return IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max(); }
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, init()); }
-  void chunk(uint64_t lo, uint64_t hi, int64_t c, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
     alignas(64) T buf[SUM_CHUNK];
     eval_chunk(buf, lo, hi, f, st);
     T best = init();
@@ -407,10 +447,12 @@ ExtremeInt<IS_MAX, T, F> extreme_int(F f, T* out) { return {f, out, {}}; }
 // multiples of SUM_CHUNK elements, so at whole 64-bit words.
 template <int BITS, class F>
 struct Pack {
+  static constexpr bool split = true;  // may run block by block
   uint8_t* dst;
   F f;
   void start(uint64_t, int64_t) {}
-  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const S& st) {
     constexpr uint32_t per = 8 / BITS;  // elements per byte
     constexpr uint8_t mask = (uint8_t)((1u << BITS) - 1u);
     const uint64_t len = hi - lo;
@@ -466,10 +508,12 @@ Pack<BITS, F> pack(uint8_t* dst, F f) { return {dst, f}; }
 // Store a lazily computed array of T into a payload section (8-byte aligned).
 template <class T, class F>
 struct Store {
+  static constexpr bool split = true;  // may run block by block
   uint8_t* dst;
   F f;
   void start(uint64_t, int64_t) {}
-  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const S& st) {
     eval_chunk(reinterpret_cast<T*>(dst) + lo, lo, hi, f, st);
   }
   void finish() {}
@@ -482,13 +526,15 @@ Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
 // feedback (error feedback's residual), out[i] += scale * f(i), set to 0 if not finite.
 template <class F>
 struct WriteOut {
+  static constexpr bool split = true;  // may run block by block
   float* out;
   int accumulate;
   float scale;
   int feedback;
   F f;
   void start(uint64_t, int64_t) {}
-  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage& st) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const S& st) {
     const F f = this->f;  // a local copy: stores to out cannot alias its captures
     float* const o = this->out;
     const float s = scale;
@@ -526,10 +572,12 @@ inline void add_into(float* r, const float* g, uint64_t n) {
 // The same add as the first op of the encoder's first pass over its input: each chunk
 // is added while the pass holds it in cache, and the ops after it read the sum.
 struct AddResidual {
+  static constexpr bool split = true;  // may run block by block
   float* r;
   const float* g;
   void start(uint64_t, int64_t) {}
-  void chunk(uint64_t lo, uint64_t hi, int64_t, const Stage&) {
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const S&) {
     if (r)
       for (uint64_t i = lo; i < hi; ++i) r[i] = r[i] + g[i];
   }
@@ -718,7 +766,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
     scatter_add(out, n, len, index, value);
     if (scale != 1.0f)
       fused(n, Unpacks{{}, {}, 0},
-            write_out(out, 0, scale, 0, [=](uint64_t i, const Stage&) { return out[i]; }));
+            write_out(out, 0, scale, 0, [=](uint64_t i, const auto&) { return out[i]; }));
     return;
   }
   // Feedback zeroes what is not finite after the add, so an element's value must go in
@@ -750,7 +798,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
   scatter_add(tmp.data(), n, len, index, value);
   const float* t = tmp.data();
   fused(n, Unpacks{{}, {}, 0},
-        write_out(out, 1, scale, feedback, [=](uint64_t i, const Stage&) { return t[i]; }));
+        write_out(out, 1, scale, feedback, [=](uint64_t i, const auto&) { return t[i]; }));
 }
 
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }
