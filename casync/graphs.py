@@ -157,7 +157,8 @@ class Context:
         assert codec is not None
         if codec.target == "ref":
             return self._encode_arrays(segs, role, site)
-        rows = self._rows("encode", site, segs, role)
+        with self.memory.active():  # new residuals are zeroed on the engine's stream
+            rows = self._rows("encode", site, segs, role)
         out = self.scratch(("payload", site), _LENGTH + rows.cap, np.uint8)
         items = rows.items
         if len(segs):
@@ -331,9 +332,12 @@ def _exchange(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag:
         sends = [(o.message().wire, o.dst) for o in outs]
         recvs = [(b, i.src) for b, i in zip(buffers, ins, strict=True)]
         peer = (outs[0].dst if outs else ins[0].src) if len(outs) + len(ins) == 1 else -1
-        handle = Handle(None, peer, "exchange", None)
-        return sequencer.post(number, lambda: ctx.transport.exchange(sends, recvs, tag),
-                              handle)
+
+        def post() -> Any:
+            with ctx.memory.active():  # NCCL takes the current device (per thread)
+                return ctx.transport.exchange(sends, recvs, tag)
+
+        return sequencer.post(number, post, Handle(None, peer, "exchange", None))
 
     task = graph.task(name, "post", prio, run, tuple(d for o in outs for d in o.deps))
     return [task] * len(outs), [(task, _constant(Message(b))) for b in buffers]
