@@ -319,8 +319,39 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return result
 
 
+def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Every tensor compressed (onebit, min_compress 0) on the device path: the bytes it
+    copied from device to host memory, the bytes it sent, and the gradients' own bytes."""
+    import torch
+
+    from casync import StaticPlanner, Synchronizer, devices
+
+    _stand_in(args)
+    copied = [0]
+    to_host = devices.TorchMemory.to_host
+
+    def counting(self: Any, dst: np.ndarray, src: Any) -> None:
+        copied[0] += dst.nbytes
+        to_host(self, dst, src)
+
+    devices.TorchMemory.to_host = counting  # type: ignore[method-assign]
+    sizes, steps = [1000, 50_000, 300_000], 3
+    topo = args["topology"]
+    sync = Synchronizer("onebit", topo, planner=StaticPlanner("onebit", topo, min_compress=0),
+                        timeout=60)
+    for step in range(steps):
+        for i, n in enumerate(sizes):
+            g = torch.from_numpy(data(rank, i, n, step))
+            sync.submit(f"t{i}", g.cuda() if args.get("cuda") else g)
+        sync.synchronize()
+    sync.close()
+    return {"copied": copied[0], "sent": sync.transport.bytes_sent,
+            "gradients": 4 * steps * sum(sizes)}
+
+
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault, mismatch,
-                                                     pipeline, messages, auto_plan)}
+                                                     pipeline, messages, auto_plan,
+                                                     host_copies)}
 
 
 #: scenarios that join the group themselves (through hipress's init, as a user would)

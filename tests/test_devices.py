@@ -207,6 +207,28 @@ def test_the_nccl_transport_says_what_it_needs():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def _copies(tmp_path, topology, cuda):
+    args = {"topology": topology, "device": "staged", "cuda": cuda}
+    for rank, r in enumerate(_run(tmp_path, "host_copies", "copies", args)):
+        # Only compressed messages leave the device: what is copied to the host is at most
+        # what is sent, and onebit's payloads are about 1/32 of the gradients.
+        assert 0 < r["copied"] <= r["sent"], (rank, r)
+        assert r["copied"] < r["gradients"] / 16, (rank, r)
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("topology", ["ps", "ring", "allgather"])
+def test_the_staged_link_copies_only_compressed_bytes_to_the_host(tmp_path, topology):
+    _copies(tmp_path, topology, cuda=False)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("topology", ["ps", "ring"])
+def test_no_full_precision_host_copy_of_a_cuda_gradient(tmp_path, topology):
+    _copies(tmp_path, topology, cuda=True)
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_tensors_give_the_host_paths_bits(tmp_path):
