@@ -18,8 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from .devices import numel
 from .plan import Plan
 from .primitives import partition
 
@@ -56,7 +55,7 @@ class Entry:
 
     @property
     def numel(self) -> int:
-        return int(self.buf.size) if isinstance(self.buf, np.ndarray) else int(self.buf.numel())
+        return numel(self.buf)
 
     @property
     def device(self) -> str:

@@ -38,7 +38,7 @@ from hipress_errors import ConfigError, PayloadError
 from .transport import Sequencer, Transport
 
 __all__ = ["LENGTH", "Memory", "HostMemory", "TorchMemory", "Message", "Link", "memory_of",
-           "framed_payloads"]
+           "framed_payloads", "numel"]
 
 #: bytes in front of a message's payloads: their total length
 LENGTH = 8
@@ -207,8 +207,8 @@ _memories: dict[str, TorchMemory] = {}
 
 
 def memory_of(buf: Any) -> Memory:
-    """The memory a staged gradient buffer lives in: host for NumPy arrays, the tensor's
-    device for torch tensors other than CPU ones (which are viewed as NumPy)."""
+    """The memory a staged gradient buffer lives in: the host for NumPy arrays (CPU
+    tensors are staged as NumPy views), the tensor's device for tensors."""
     if isinstance(buf, np.ndarray):
         return _HOST
     device = str(buf.device)
@@ -217,14 +217,22 @@ def memory_of(buf: Any) -> Memory:
     return _memories[device]
 
 
-def framed_payloads(message: np.ndarray, length: int | None = None) -> np.ndarray:
-    """The payloads of a host message (or of a receive buffer holding one at its front),
-    after checking the length it starts with."""
-    if message.size < LENGTH:
-        raise PayloadError(f"a message of {message.size} bytes has no length")
-    if length is None:
-        length = int(message[:LENGTH].view(np.uint64)[0])
-    return message[LENGTH:LENGTH + _declared(length, message.size)]
+def numel(buf: Any) -> int:
+    """Elements of a NumPy array or a tensor."""
+    return int(buf.size) if isinstance(buf, np.ndarray) else int(buf.numel())
+
+
+def framed_payloads(message: Any, memory: Memory | None = None) -> Any:
+    """The payloads of a message (or of a receive buffer holding one at its front) on
+    ``memory`` (default the host), after checking the length it starts with."""
+    size = numel(message)
+    if size < LENGTH:
+        raise PayloadError(f"a message of {size} bytes has no length")
+    length = (memory or _HOST).get_length(message)
+    if length > size - LENGTH:
+        raise PayloadError(f"a message declares {length} bytes of payloads but only "
+                           f"{size - LENGTH} arrived")
+    return message[LENGTH:LENGTH + length]
 
 
 @dataclass
@@ -269,7 +277,7 @@ class Link:
         payloads = buf[LENGTH:LENGTH + total]
         if self.name == "staged":
             staged = host(LENGTH + total)
-            staged[:LENGTH].view(np.uint64)[0] = total
+            _HOST.put_length(staged, total)
             self.memory.to_host(staged[LENGTH:], payloads)
             return Message(staged, payloads)
         self.memory.put_length(buf, total)
@@ -283,10 +291,7 @@ class Link:
             return message.payloads
         wire = message.wire
         if self.device_wire:
-            if wire.numel() < LENGTH:
-                raise PayloadError(f"a message of {wire.numel()} bytes has no length")
-            message.payloads = wire[LENGTH:LENGTH + _declared(self.memory.get_length(wire),
-                                                              wire.numel())]
+            message.payloads = framed_payloads(wire, self.memory)
             return message.payloads
         host = framed_payloads(wire)
         if self.name == "gloo":
@@ -296,9 +301,3 @@ class Link:
             self.memory.from_host(message.payloads, host)
         return message.payloads
 
-
-def _declared(length: int, size: int) -> int:
-    if length > size - LENGTH:
-        raise PayloadError(f"a message declares {length} bytes of payloads but only "
-                           f"{size - LENGTH} arrived")
-    return length

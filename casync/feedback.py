@@ -10,7 +10,7 @@ import numpy as np
 
 from compll import Codec
 
-from .devices import HostMemory, Memory
+from .devices import HostMemory, Memory, numel
 
 __all__ = ["ErrorFeedback"]
 
@@ -55,10 +55,10 @@ class ErrorFeedback:
         residual = self._residuals.get(key)
         host = memory is None or isinstance(memory, HostMemory)
         on = "host" if host else f"torch:{memory.device}"  # type: ignore[union-attr]
-        if residual is None or _numel(residual) != n or _where(residual) != on:
+        if residual is None or numel(residual) != n or _where(residual) != on:
             if residual is not None:
                 self.version = next(_versions)
-            values = residual if residual is not None and _numel(residual) == n else None
+            values = residual if residual is not None and numel(residual) == n else None
             if host:
                 fresh = np.zeros(n, np.float32)
                 if values is not None:
@@ -95,10 +95,6 @@ class ErrorFeedback:
         payload = codec.encode(x, step=step, out=out, residual=residual)
         codec.decode(payload, residual.size, out=residual, scale=-1.0, feedback=True)
         return payload
-
-
-def _numel(x: Any) -> int:
-    return int(x.size) if isinstance(x, np.ndarray) else int(x.numel())
 
 
 def _where(x: Any) -> str:

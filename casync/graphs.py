@@ -32,7 +32,7 @@ from compll.loaders import DECODE_ITEM, ENCODE_ITEM
 from hipress_errors import PayloadError
 
 from .chunks import Chunk, Segment
-from .devices import LENGTH, HostMemory, Link, Memory, Message, framed_payloads
+from .devices import LENGTH, HostMemory, Link, Memory, Message, framed_payloads, numel
 from .executor import Graph, Task
 from .feedback import ErrorFeedback
 from .transport import Handle, Transport, tag_space
@@ -183,7 +183,7 @@ class Context:
         with self.memory.active():
             payload = self.link.payloads(
                 message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
-        size = _nbytes(payload)
+        size = numel(payload)
         if codec.target == "ref":
             self._decode_arrays(payload, segs, accumulate, scale)
             return
@@ -553,6 +553,3 @@ def build_none(ctx: Context, graph: Graph) -> None:
 BUILDERS = {"ps": build_ps, "ring": build_ring, "allgather": build_allgather,
             "none": build_none}
 
-
-def _nbytes(buf: Any) -> int:
-    return int(buf.size) if isinstance(buf, np.ndarray) else int(buf.numel())
