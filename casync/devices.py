@@ -45,6 +45,9 @@ LENGTH = 8
 
 
 
+_NOTHING = contextlib.nullcontext()
+
+
 def _torch() -> Any:
     import torch
 
@@ -85,11 +88,11 @@ class Memory:
         """A host buffer that copies to and from this memory fast (pinned for CUDA)."""
         return np.empty(max(n, 1), dtype)[:n]
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> contextlib.AbstractContextManager[None]:
         """Make this memory's device and the engine's stream on it current (both are per
-        thread in torch: the engine's threads start on device 0's default stream)."""
-        yield
+        thread in torch: the engine's threads start on device 0's default stream). Host
+        memory has neither: one shared no-op context, as this is on every chunk's path."""
+        return _NOTHING
 
     def ready_event(self) -> Any:
         """An event after the calling thread's work so far on this device (a gradient's
@@ -172,11 +175,11 @@ class TorchMemory(Memory):
         pinned = torch.empty(max(n, 1), dtype=self._types[np.dtype(dtype)], pin_memory=True)
         return pinned.numpy()[:n]
 
+    def active(self) -> contextlib.AbstractContextManager[None]:
+        return self._on_device() if self.cuda else _NOTHING
+
     @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
-        if not self.cuda:
-            yield
-            return
+    def _on_device(self) -> Iterator[None]:
         torch = _torch()
         with torch.cuda.device(self._device), torch.cuda.stream(self.stream):
             yield
