@@ -33,48 +33,68 @@ CHUNK_ELEMS = 4 << 20
 RING_PIECE = 65536
 
 
-@dataclass(eq=False)
 class Entry:
-    """A submitted tensor: its float32 values, how to give them back, its future."""
+    """A submitted tensor: its float32 values, how to give them back, its future.
 
-    name: str
-    tensor: Any
-    #: the flat float32 values: a NumPy array (host), or a tensor on the gradient's GPU
-    buf: Any
-    write_back: bool
-    future: Any
-    #: segments not yet synchronized; the future resolves when it reaches 0
-    pending: int = 0
-    #: the address of ``buf`` (the batched kernels take addresses)
-    ptr: int = 0
-    #: where ``buf`` lives (a ``casync.devices.Memory``); None: the host
-    memory: Any = None
-    #: a CUDA event after the gradient was produced (and upcast): the engine's stream
-    #: waits for it before reading ``buf``
-    ready: Any = None
+    A plain class with slots: one is made per tensor per step, and a dataclass's
+    generated ``__init__`` and a computed ``numel`` were a visible share of a submit.
 
-    @property
-    def numel(self) -> int:
-        return numel(self.buf)
+    Attributes:
+        buf: the flat float32 values: a NumPy array (host), or a tensor on the
+            gradient's GPU.
+        pending: segments not yet synchronized; the future resolves when it reaches 0.
+        ptr: the address of ``buf`` (the batched kernels take addresses).
+        memory: where ``buf`` lives (a ``casync.devices.Memory``); None: the host.
+        ready: a CUDA event after the gradient was produced (and upcast): the engine's
+            stream waits for it before reading ``buf``.
+        numel: the elements of ``buf``.
+    """
+
+    __slots__ = ("name", "tensor", "buf", "write_back", "future", "pending", "ptr",
+                 "memory", "ready", "numel")
+
+    def __init__(self, name: str, tensor: Any, buf: Any, write_back: bool, future: Any,
+                 pending: int = 0, ptr: int = 0, memory: Any = None, ready: Any = None,
+                 n: int | None = None) -> None:
+        self.name = name
+        self.tensor = tensor
+        self.buf = buf
+        self.write_back = write_back
+        self.future = future
+        self.pending = pending
+        self.ptr = ptr
+        self.memory = memory
+        self.ready = ready
+        self.numel = numel(buf) if n is None else n
 
     @property
     def device(self) -> str:
         return "cpu" if self.memory is None else str(self.memory.device)
 
 
-@dataclass(frozen=True, eq=False)
 class Segment:
     """Elements ``[lo, hi)`` of a tensor: one payload, one residual, one RNG site.
 
+    Not changed once made (a slots class rather than a frozen dataclass, whose
+    ``__init__`` cost twice as much, for every tensor of every step).
+
     Attributes:
+        entry: its ``Entry`` (the simulator's tensors stand in for them).
         owner: the rank that reduces it (``ps``'s aggregator, the end of a ring's
             reduce-scatter).
     """
 
-    entry: Any  # an Entry (the simulator's tensors stand in for them)
-    lo: int
-    hi: int
-    owner: int = 0
+    __slots__ = ("entry", "lo", "hi", "owner")
+
+    def __init__(self, entry: Any, lo: int, hi: int, owner: int = 0) -> None:
+        self.entry = entry
+        self.lo = lo
+        self.hi = hi
+        self.owner = owner
+
+    def __repr__(self) -> str:
+        return (f"Segment({getattr(self.entry, 'name', self.entry)!r}, {self.lo}, {self.hi}, "
+                f"owner={self.owner})")
 
     @property
     def n(self) -> int:
@@ -112,12 +132,13 @@ class Chunk:
     @property
     def label(self) -> str:
         """Names its tensors and its place in the step, for errors and traces."""
-        names = [repr(n) for n in dict.fromkeys(s.entry.name for s in self.segments)]
+        names = list(dict.fromkeys(s.entry.name for s in self.segments))
+        first, last = repr(names[0]) if names else "", repr(names[-1]) if names else ""
         if len(names) == 1:
-            return f"tensor {names[0]} (chunk {self.seq})"
+            return f"tensor {first} (chunk {self.seq})"
         if len(names) == 2:
-            return f"tensors {names[0]}, {names[1]} (chunk {self.seq})"
-        return f"tensors {names[0]} .. {names[-1]} ({len(names)} tensors, chunk {self.seq})"
+            return f"tensors {first}, {last} (chunk {self.seq})"
+        return f"tensors {first} .. {last} ({len(names)} tensors, chunk {self.seq})"
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -164,17 +185,29 @@ class Chunker:
         ``pending``, as the simulator's tensors) into segments under ``plan``; returns
         the chunks this closed."""
         n = entry.numel
-        k = max(plan.partitions_for(n) if plan.compress else 1, -(-n // self.chunk_elems))
-        if plan.topology == "ring":
+        k = plan.partitions_for(n) if plan.compress else 1
+        if n > k * self.chunk_elems:
+            k = -(-n // self.chunk_elems)
+        topology = plan.topology
+        if topology == "ring":
             k = max(k, min(self.world, n // RING_PIECE))
         same = self._keys.get(plan)
         if same is None:  # chunks mix any K
-            same = self._keys[plan] = Plan(plan.topology, plan.algorithm, 1, plan.params)
+            same = self._keys[plan] = Plan(topology, plan.algorithm, 1, plan.params)
         device = getattr(entry, "device", "cpu")  # a chunk's tensors share a device
         key = (same, device)
-        closed = []
         entry.pending = k
-        owned = plan.topology in ("ps", "ring")
+        chunk = self._open.get(key)
+        if chunk is None:
+            chunk = self._open[key] = Chunk(same, device=device)
+        if k == 1 and topology == "none":  # most tensors of a step: one unowned segment
+            chunk.segments.append(Segment(entry, 0, n))
+            chunk.numel += n
+            if chunk.numel >= self.chunk_elems or not self.coalesce:
+                return [self._close(key)]
+            return []
+        closed = []
+        owned = topology in ("ps", "ring")
         for sl in partition(n, k) if k > 1 else (slice(0, n),):
             lo, hi = sl.start, sl.stop
             chunk = self._open.get(key)

@@ -76,6 +76,21 @@ class Memory:
         """``dst[...] = src`` between two buffers of this memory."""
         raise NotImplementedError
 
+    def gather(self, flat: Any, segs: list[Any]) -> None:
+        """Copy the segments' elements (``casync.chunks.Segment``) end to end into
+        ``flat``."""
+        offset = 0
+        for s in segs:
+            self.copy(flat[offset:offset + s.n], s.view())
+            offset += s.n
+
+    def scatter(self, flat: Any, segs: list[Any]) -> None:
+        """The reverse of ``gather``: ``flat``'s elements back into the segments."""
+        offset = 0
+        for s in segs:
+            self.copy(s.view(), flat[offset:offset + s.n])
+            offset += s.n
+
     def to_host(self, dst: np.ndarray, src: Any) -> None:
         """Copy ``src`` (this memory) into the host array ``dst`` of the same length."""
         raise NotImplementedError
@@ -124,6 +139,24 @@ class HostMemory(Memory):
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
+
+    # A chunk of a step's small tensors has hundreds of segments, mostly whole tensors:
+    # their buffers as they are, sliced only where a segment is part of one (a slice and
+    # a copy call per segment took 0.9 us, this 0.3).
+    @staticmethod
+    def _views(segs: list[Any]) -> list[np.ndarray]:
+        return [s.entry.buf if s.lo == 0 and s.hi == s.entry.numel else s.view()
+                for s in segs]
+
+    def gather(self, flat: np.ndarray, segs: list[Any]) -> None:
+        if segs:
+            np.concatenate(self._views(segs), out=flat)
+
+    def scatter(self, flat: np.ndarray, segs: list[Any]) -> None:
+        at = 0
+        for view in self._views(segs):
+            view[...] = flat[at:at + view.size]
+            at += view.size
 
     def to_host(self, dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src

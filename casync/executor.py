@@ -134,7 +134,11 @@ class Executor:
         self.error: SyncError | None = None
         #: turns a failure into the error every waiter sees (adds the diagnosis)
         self.explain: Callable[[SyncError, int], SyncError] | None = None
-        self._cv = threading.Condition()
+        # One lock, a condition per lane: a pushed task wakes one thread of its lane, not
+        # every thread (on two cores the herd of woken waiters cost more than the work).
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)  # the comm lane's waiters
+        self._work = threading.Condition(lock)  # the compute thread
         self._failing = threading.Lock()
         self._compute: list[tuple[tuple[int, ...], int, Task]] = []
         self._waits: list[tuple[tuple[int, ...], int, Task]] = []
@@ -165,9 +169,9 @@ class Executor:
                 task.prio = (graph.seq, *task.prio)
                 if task.lane == "recv":
                     heapq.heappush(self._waits, (task.prio, next(self._order), task))
+                    self._cv.notify()
                 elif task.pending == 0:
                     ready.append(task)
-            self._cv.notify_all()
         if not graph.tasks:
             self._finish(graph)
         self._dispatch(ready)
@@ -183,6 +187,7 @@ class Executor:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+            self._work.notify_all()
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the lanes' threads to end (after ``close``);
@@ -202,7 +207,7 @@ class Executor:
             if task.lane == "compute":
                 with self._cv:
                     heapq.heappush(self._compute, (task.prio, next(self._order), task))
-                    self._cv.notify_all()
+                    self._work.notify()
                 continue
             try:
                 start = time.perf_counter()
@@ -216,7 +221,7 @@ class Executor:
                 task.handle = handle
                 with self._cv:
                     heapq.heappush(self._waits, (task.prio, next(self._order), task))
-                    self._cv.notify_all()
+                    self._cv.notify()
                 continue
             if isinstance(handle, Handle):
                 task.graph.sends.append(handle)
@@ -246,7 +251,6 @@ class Executor:
             return
         with self._cv:
             self._live.discard(graph)
-            self._cv.notify_all()
         graph.finished.set()
 
     def _fail(self, error: SyncError, step: int) -> None:
@@ -262,6 +266,7 @@ class Executor:
             live = list(self._live)
             self._live.clear()
             self._cv.notify_all()
+            self._work.notify_all()
         for graph in live:
             if graph.on_error is not None:
                 graph.on_error(self.error)
@@ -273,15 +278,16 @@ class Executor:
 
     # -- lanes --------------------------------------------------------------------------
 
-    def _next(self, heap: list[tuple[tuple[int, ...], int, Task]]) -> Task | None:
-        with self._cv:
-            self._cv.wait_for(lambda: heap or self._closed or self.error is not None)
+    def _next(self, heap: list[tuple[tuple[int, ...], int, Task]],
+              cv: threading.Condition) -> Task | None:
+        with cv:
+            cv.wait_for(lambda: heap or self._closed or self.error is not None)
             if self._closed or self.error is not None:
                 return None
             return heapq.heappop(heap)[2]
 
     def _compute_loop(self) -> None:
-        while (task := self._next(self._compute)) is not None:
+        while (task := self._next(self._compute, self._work)) is not None:
             try:
                 start = time.perf_counter()
                 assert task.run is not None
@@ -296,7 +302,7 @@ class Executor:
             self._dispatch(self._complete(task))
 
     def _comm_loop(self) -> None:
-        while (task := self._next(self._waits)) is not None:
+        while (task := self._next(self._waits, self._cv)) is not None:
             assert task.handle is not None
             try:
                 start = time.perf_counter()

@@ -484,10 +484,9 @@ def _contiguous(segs: list[Segment], memory: Memory) -> Any:
                 return None
             at += 4 * s.n
         return base.as_strided(((at - segs[0].ptr) // 4,), (1,), (segs[0].ptr - storage) // 4)
-    start = segs[0].view().ctypes.data
-    at = start
+    start = at = segs[0].ptr
     for s in segs:
-        if s.view().ctypes.data != at:
+        if s.ptr != at:
             return None
         at += 4 * s.n
     total = (at - start) // 4
@@ -509,13 +508,7 @@ def build_none(ctx: Context, graph: Graph) -> None:
     inplace = flat is not None
     if flat is None:
         flat = ctx.scratch("flat", ctx.chunk.numel, np.float32)
-        if isinstance(memory, HostMemory):
-            np.concatenate([s.view() for s in segs], out=flat)
-        else:
-            offset = 0
-            for s in segs:
-                memory.copy(flat[offset:offset + s.n], s.view())
-                offset += s.n
+        memory.gather(flat, segs)
     wire = flat
     link = ctx.link
     assert link is not None
@@ -542,10 +535,7 @@ def build_none(ctx: Context, graph: Graph) -> None:
                 memory.from_host(flat, wire)
             memory.scale(flat, scale)
             if not inplace:
-                offset = 0
-                for s in segs:
-                    memory.copy(s.view(), flat[offset:offset + s.n])
-                    offset += s.n
+                memory.scatter(flat, segs)
 
     graph.task("average", "compute", (1, 0), average, deps=(t_ar,))
 

@@ -52,11 +52,47 @@ class Health:
         self.rank = rank
         self.size = size
         self.store = store if store is not None else _default_store(group)
+        self._cv = threading.Condition()
+        self._step = -1
+        self._closed = False
+        self._poster: threading.Thread | None = None
 
     def progress(self, step: int) -> None:
-        """Record that this rank started ``step``."""
-        if self.store is not None:
-            _bounded(lambda: self.store.set(f"{_PREFIX}/step/{self.rank}", str(step)), 2.0)
+        """Record that this rank started ``step``.
+
+        A helper thread posts it: the step does not wait for the store's round trip
+        (0.4 ms with a thread per post, on every step's first submit), and a dead store
+        holds up only that thread. Only the newest step is posted; the diagnosis reads
+        it a timeout later."""
+        if self.store is None:
+            return
+        with self._cv:
+            self._step = step
+            if self._poster is None:
+                self._poster = threading.Thread(target=self._post, name="hipress-health",
+                                                daemon=True)
+                self._poster.start()
+            self._cv.notify()
+
+    def _post(self) -> None:
+        posted = -1
+        while True:
+            with self._cv:
+                while self._step == posted and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                posted = self._step
+            try:
+                self.store.set(f"{_PREFIX}/step/{self.rank}", str(posted))
+            except Exception:  # noqa: BLE001 - best effort, as every store access here
+                pass
+
+    def close(self) -> None:
+        """Stop the posting thread (a post in flight finishes on its own)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
 
     def report(self, message: str) -> None:
         """Tell the other ranks what this rank saw fail."""

@@ -135,9 +135,11 @@ def _stand_in(args: dict[str, Any]) -> None:
 def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
     from casync import StaticPlanner, Synchronizer
+    from hipress import ConfigError
 
     _stand_in(args)
     links = set()
+    refused: set[str] = set()
 
     arrays = {}
     for algo in args.get("algos", ALGOS):
@@ -148,15 +150,28 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                        for i, (n, dt, c) in enumerate(TENSORS)]
             if args.get("cuda"):  # ranks share the GPU (the staged link)
                 tensors = [t.cuda() for t in tensors]
-            futures = [sync.submit(f"t{i}", t) for i, t in enumerate(tensors)]
-            sync.synchronize()
-            for i, (t, f) in enumerate(zip(tensors, futures, strict=True)):
-                assert f.done() and f.value() is t
+            if args.get("batched"):  # one submit_many, one future for every tensor
+                named = [(f"t{i}", t) for i, t in enumerate(tensors)]
+                try:  # a repeated name is refused before anything is queued
+                    sync.submit_many([*named[:2], named[0]])
+                    raise AssertionError("a name twice in one batch was accepted")
+                except ConfigError as exc:
+                    refused.add(str(exc))
+                batch = sync.submit_many(named)
+                sync.synchronize()
+                assert batch.done() and len(batch.value()) == len(tensors)
+                assert all(a is b for a, b in zip(batch.value(), tensors, strict=True))
+            else:
+                futures = [sync.submit(f"t{i}", t) for i, t in enumerate(tensors)]
+                sync.synchronize()
+                for t, f in zip(tensors, futures, strict=True):
+                    assert f.done() and f.value() is t
+            for i, t in enumerate(tensors):
                 arrays[f"{algo}/{topo}/{i}"] = t.float().cpu().numpy()
             links |= {link.name for link in sync._links.values()}
             sync.close()
     np.savez(out / f"rank{rank}.npz", **arrays)
-    return {"links": sorted(links)}
+    return {"links": sorted(links), "refused": sorted(refused)}
 
 
 def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:

@@ -160,6 +160,25 @@ def test_strategy_matches_reference_and_is_identical(strategy_results, algo, top
         assert _rel(outs[0], ref) <= bound + codec_error, (group, _rel(outs[0], ref))
 
 
+@pytest.mark.parallel
+def test_submit_many_gives_the_bits_of_one_submit_per_tensor(strategy_results, tmp_path):
+    """A step handed over as one batch (as the DDP hook hands a bucket) forms the same
+    chunks and payloads as the same tensors submitted one by one: identical bits; its
+    future resolves to the tensors; a repeated name is refused up front."""
+    world, arrays = strategy_results
+    algos = ["onebit", "dgc", "terngrad"]
+    results = ranks.launch(world, "strategies", tmp_path, {"batched": True, "algos": algos})
+    for rank, r in enumerate(results):
+        assert r["rc"] == 0, f"rank {rank} failed:\n{r['log'][-3000:]}"
+        assert r["refused"] == ["tensor 't0' was already submitted in step 0; call "
+                                "synchronize() to finish the step first"], r["refused"]
+        for algo in algos:
+            for topo in ranks.TOPOLOGIES:
+                for i in range(len(ranks.TENSORS)):
+                    key = f"{algo}/{topo}/{i}"
+                    assert r["arrays"][key].tobytes() == arrays[rank][key].tobytes(), key
+
+
 def _true_means(world: int, n: int, steps: int) -> list[np.ndarray]:
     return [np.mean([ranks.data(r, 0, n, s) for r in range(world)], axis=0, dtype=np.float64)
             for s in range(steps)]

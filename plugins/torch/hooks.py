@@ -129,16 +129,16 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         names = state._param_names
         for p in bucket.parameters():
             names.setdefault(id(p), f"param{len(names)}")
-        parts = [sync.submit(names[id(p)], g)
-                 for p, g in zip(bucket.parameters(), grads, strict=True)]
+        # One batch, one future: per-parameter futures and collect_all cost more than
+        # the bucket's synchronization when its gradients are small.
+        parts = [sync.submit_many((names[id(p)], g)
+                                  for p, g in zip(bucket.parameters(), grads, strict=True))]
 
-        def whole(done: torch.futures.Future[list[torch.futures.Future[Any]]]) -> torch.Tensor:
-            for part in done.value():
-                part.value()  # re-raises a SyncError
+        def whole(done: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            done.value()  # re-raises a SyncError
             return buffer
 
-        future = _all_of(parts, buffer) if buffer.is_cuda \
-            else torch.futures.collect_all(parts).then(whole)
+        future = _all_of(parts, buffer) if buffer.is_cuda else parts[0].then(whole)
     state._watch(parts)
     if bucket.is_last():
         sync.end_step()
