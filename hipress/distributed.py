@@ -239,11 +239,11 @@ def average_arrays(engine: Any, named: list[tuple[str, np.ndarray]]) -> list[np.
         SyncError: a peer died or stalled past the timeout.
     """
     out = []
-    for name, arr in named:
+    for _, arr in named:
         if not (arr.dtype == np.float32 and arr.flags.c_contiguous and arr.flags.writeable):
             arr = np.array(arr, dtype=np.float32, order="C")
         out.append(arr)
-        engine.submit(name, arr)
+    engine.submit_many(zip((name for name, _ in named), out, strict=True))
     engine.synchronize()
     return out
 

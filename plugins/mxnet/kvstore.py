@@ -129,8 +129,7 @@ class HiPress(mx.kv.KVStoreBase):
             return
         engine = self._engine.get()
         pending, self._pending = self._pending, []
-        for key, buf, _ in pending:
-            engine.submit(str(key), buf)
+        engine.submit_many((str(key), buf) for key, buf, _ in pending)
         engine.synchronize()
         world = float(core.size())
         for _, buf, targets in pending:

@@ -45,14 +45,15 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def _allreduce_grads(self) -> None:
         engine = self._engine.get()
-        staged = []
+        staged, named = [], []
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
                 continue
             grads = param.list_grad()
             buf, targets = stage(grads, grads)
             staged.append((buf, targets))
-            engine.submit(f"{i}:{param.name}", buf)
+            named.append((f"{i}:{param.name}", buf))
+        engine.submit_many(named)
         engine.synchronize()
         for buf, targets in staged:
             write_back(buf, targets)
