@@ -56,6 +56,50 @@ def test_default_timeout_reads_the_environment(monkeypatch):
         default_timeout()
 
 
+def test_progress_is_posted_off_the_step_and_a_dead_store_holds_up_nothing():
+    """The step's progress reaches the store from a helper thread: the newest step
+    arrives, progress() returns at once even while the store hangs, close() ends it."""
+    import threading
+    import time
+
+    from casync.health import Health
+
+    class Store:
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {}
+            self.hang = threading.Event()
+            self.release = threading.Event()
+
+        def set(self, key: str, value: str) -> None:
+            if self.hang.is_set():
+                self.release.wait(10)
+            self.values[key] = value
+
+    store = Store()
+    health = Health(None, 1, 2, store=store)
+    health.progress(0)
+    deadline = time.monotonic() + 5
+    while store.values.get("hipress/health/step/1") != "0" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.values["hipress/health/step/1"] == "0"
+    store.hang.set()  # the store stops answering (its host died)
+    t0 = time.monotonic()
+    for step in range(1, 50):
+        health.progress(step)
+    assert time.monotonic() - t0 < 1.0
+    store.hang.clear()
+    store.release.set()  # the post in flight lands, then the newest step
+    deadline = time.monotonic() + 5
+    while store.values.get("hipress/health/step/1") != "49" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.values["hipress/health/step/1"] == "49"
+    poster = health._poster
+    assert poster is not None
+    health.close()
+    poster.join(5)
+    assert not poster.is_alive()
+
+
 def test_framed_size_finds_the_payload_in_a_larger_buffer():
     c = hipress.codec("dgc", target="ref")
     payload = c.encode(ranks.data(0, 0, 5000))
