@@ -54,8 +54,8 @@ class Entry:
                  "memory", "ready", "numel")
 
     def __init__(self, name: str, tensor: Any, buf: Any, write_back: bool, future: Any,
-                 pending: int = 0, ptr: int = 0, memory: Any = None, ready: Any = None,
-                 n: int | None = None) -> None:
+                 pending: int = 0, ptr: int = 0, memory: Any = None, ready: Any = None
+                 ) -> None:
         self.name = name
         self.tensor = tensor
         self.buf = buf
@@ -65,7 +65,7 @@ class Entry:
         self.ptr = ptr
         self.memory = memory
         self.ready = ready
-        self.numel = numel(buf) if n is None else n
+        self.numel = numel(buf)
 
     @property
     def device(self) -> str:
