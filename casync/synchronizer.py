@@ -385,12 +385,9 @@ class Synchronizer:
             SyncError: an earlier failure broke the group (restart the job).
             ConfigError: a name submitted twice in one step, or a non-float tensor.
         """
-        if self.executor.error is not None:
-            raise SyncError(f"the synchronizer failed earlier ({self.executor.error}); "
-                            "restart the job")
+        self._check_usable()
         if name in self._names:
-            raise ConfigError(f"tensor {name!r} was already submitted in step {self.step}; "
-                              "call synchronize() to finish the step first")
+            raise self._twice(name)
         buf, write_back, ptr, memory = _stage(tensor)
         if not self._names:
             self._start()
@@ -421,18 +418,14 @@ class Synchronizer:
             ConfigError: a name twice (in the batch, or already in this step), or a
                 non-float tensor; nothing of the batch is queued then.
         """
-        if self.executor.error is not None:
-            raise SyncError(f"the synchronizer failed earlier ({self.executor.error}); "
-                            "restart the job")
+        self._check_usable()
         items = list(tensors)
         names = [name for name, _ in items]
         if len(set(names)) != len(names) or not self._names.isdisjoint(names):
             seen = set(self._names)
             for name in names:
                 if name in seen:
-                    raise ConfigError(f"tensor {name!r} was already submitted in step "
-                                      f"{self.step}; call synchronize() to finish the step "
-                                      "first")
+                    raise self._twice(name)
                 seen.add(name)
         staged = [_stage(tensor) for _, tensor in items]
         memories = {m.device: m for *_, m in staged if m is not None}
@@ -453,6 +446,15 @@ class Synchronizer:
         if self.size == 1 or not items:
             future.set_result(batch.tensors)
         return future
+
+    def _check_usable(self) -> None:
+        if self.executor.error is not None:
+            raise SyncError(f"the synchronizer failed earlier ({self.executor.error}); "
+                            "restart the job")
+
+    def _twice(self, name: str) -> ConfigError:
+        return ConfigError(f"tensor {name!r} was already submitted in step {self.step}; "
+                           "call synchronize() to finish the step first")
 
     def _start(self) -> None:
         """A step's first submit: earlier steps' sends have left; progress is posted."""
