@@ -134,6 +134,8 @@ def _stand_in(args: dict[str, Any]) -> None:
 
 def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
+    import torch
+
     from casync import StaticPlanner, Synchronizer
     from hipress import ConfigError
 
@@ -155,6 +157,11 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                 try:  # a repeated name is refused before anything is queued
                     sync.submit_many([*named[:2], named[0]])
                     raise AssertionError("a name twice in one batch was accepted")
+                except ConfigError as exc:
+                    refused.add(str(exc))
+                try:  # so is a batch with a tensor it cannot take: t0 is not queued
+                    sync.submit_many([named[0], ("ints", torch.zeros(3, dtype=torch.int32))])
+                    raise AssertionError("an integer tensor was accepted")
                 except ConfigError as exc:
                     refused.add(str(exc))
                 batch = sync.submit_many(named)
