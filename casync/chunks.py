@@ -197,20 +197,10 @@ class Chunker:
         device = getattr(entry, "device", "cpu")  # a chunk's tensors share a device
         key = (same, device)
         entry.pending = k
-        chunk = self._open.get(key)
-        if chunk is None:
-            chunk = self._open[key] = Chunk(same, device=device)
-        if k == 1 and topology == "none":  # most tensors of a step: one unowned segment
-            chunk.segments.append(Segment(entry, 0, n))
-            chunk.numel += n
-            if chunk.numel >= self.chunk_elems or not self.coalesce:
-                return [self._close(key)]
-            return []
         closed = []
         owned = topology in ("ps", "ring")
-        for sl in partition(n, k) if k > 1 else (slice(0, n),):
-            lo, hi = sl.start, sl.stop
-            chunk = self._open.get(key)
+        chunk = self._open.get(key)
+        for lo, hi in ((0, n),) if k == 1 else ((sl.start, sl.stop) for sl in partition(n, k)):
             if chunk is None:
                 chunk = self._open[key] = Chunk(same, device=device)
             owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
@@ -218,6 +208,7 @@ class Chunker:
             chunk.numel += hi - lo
             if chunk.numel >= self.chunk_elems or not self.coalesce:
                 closed.append(self._close(key))
+                chunk = None
         return closed
 
     def flush(self) -> list[Chunk]:
