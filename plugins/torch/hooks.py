@@ -129,8 +129,7 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
         names = state._param_names
         for p in bucket.parameters():
             names.setdefault(id(p), f"param{len(names)}")
-        # One batch, one future: per-parameter futures and collect_all cost more than
-        # the bucket's synchronization when its gradients are small.
+        # One batch, one future: not a future per parameter gathered by collect_all.
         parts = [sync.submit_many((names[id(p)], g)
                                   for p, g in zip(bucket.parameters(), grads, strict=True))]
 
