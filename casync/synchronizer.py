@@ -415,8 +415,9 @@ class Synchronizer:
 
         Raises:
             SyncError: an earlier failure broke the group (restart the job).
-            ConfigError: a name twice (in the batch, or already in this step), or a
-                non-float tensor; nothing of the batch is queued then.
+            ConfigError: a name twice (in the batch, or already in this step), a
+                non-float tensor, or tensors of two GPUs; nothing of the batch is queued
+                then.
         """
         self._check_usable()
         items = list(tensors)
@@ -429,6 +430,10 @@ class Synchronizer:
                 seen.add(name)
         staged = [_stage(tensor) for _, tensor in items]
         memories = {m.device: m for *_, m in staged if m is not None}
+        gpus = sorted(d for d, m in memories.items() if m.cuda)
+        if len(gpus) > 1:  # one future's value is ordered on one engine stream
+            raise ConfigError(f"submit_many takes the tensors of one GPU, not of "
+                              f"{', '.join(gpus)}: call it once per device")
         # One ordering event per device: it follows all the work queued so far.
         events = {device: m.ready_event() for device, m in memories.items()}
         future = _future(*memories.values())

@@ -132,6 +132,31 @@ def _stand_in(args: dict[str, Any]) -> None:
             synchronizer._cuda_transport = lambda choice: Transport()
 
 
+def _two_gpus(sync: Any, named: list[tuple[str, Any]]) -> str:
+    """What ``submit_many`` says of a batch that spans two GPUs (staged here as if the
+    first tensor lived on cuda:0 and the second on cuda:1); nothing may be queued."""
+    from casync import synchronizer
+
+    class Gpu:
+        cuda = True
+
+        def __init__(self, device: str) -> None:
+            self.device = device
+
+        def ready_event(self) -> None:
+            return None
+
+    stage, devices = synchronizer._stage, iter(["cuda:0", "cuda:1"])
+    synchronizer._stage = lambda tensor: (tensor, False, 0, Gpu(next(devices)))
+    try:
+        sync.submit_many(named[:2])
+    except Exception as exc:  # noqa: BLE001 - the test compares the message
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        synchronizer._stage = stage
+    raise AssertionError("a batch of two GPUs was accepted")
+
+
 def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
     import torch
@@ -164,6 +189,7 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                     raise AssertionError("an integer tensor was accepted")
                 except ConfigError as exc:
                     refused.add(str(exc))
+                refused.add(_two_gpus(sync, named))
                 batch = sync.submit_many(named)
                 sync.synchronize()
                 assert batch.done() and len(batch.value()) == len(tensors)

@@ -214,7 +214,9 @@ def test_submit_many_gives_the_bits_of_one_submit_per_tensor(strategy_results, t
     results = ranks.launch(world, "strategies", tmp_path, {"batched": True, "algos": algos})
     for rank, r in enumerate(results):
         assert r["rc"] == 0, f"rank {rank} failed:\n{r['log'][-3000:]}"
-        assert r["refused"] == ["gradients must be floating point, not torch.int32",
+        assert r["refused"] == ["ConfigError: submit_many takes the tensors of one GPU, "
+                                "not of cuda:0, cuda:1: call it once per device",
+                                "gradients must be floating point, not torch.int32",
                                 "tensor 't0' was already submitted in step 0; call "
                                 "synchronize() to finish the step first"], r["refused"]
         for algo in algos:
