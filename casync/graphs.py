@@ -475,22 +475,19 @@ def _contiguous(segs: list[Segment], memory: Memory) -> Any:
     bucket's gradients do), else None. The array borrows their memory."""
     if not segs:
         return None
-    if not isinstance(memory, HostMemory):  # tensors: views of one storage (a bucket's)
-        base = segs[0].entry.buf
-        storage = base.untyped_storage().data_ptr()
-        at = segs[0].ptr
-        for s in segs:
-            if s.ptr != at or s.entry.buf.untyped_storage().data_ptr() != storage:
-                return None
-            at += 4 * s.n
-        return base.as_strided(((at - segs[0].ptr) // 4,), (1,), (segs[0].ptr - storage) // 4)
+    host = isinstance(memory, HostMemory)
+    # tensors must also be views of one storage (a bucket's) to be viewed as one
+    storage = None if host else segs[0].entry.buf.untyped_storage().data_ptr()
     start = at = segs[0].ptr
     for s in segs:
-        if s.ptr != at:
+        if s.ptr != at or (storage is not None
+                           and s.entry.buf.untyped_storage().data_ptr() != storage):
             return None
         at += 4 * s.n
     total = (at - start) // 4
-    return np.ctypeslib.as_array((ctypes.c_float * total).from_address(start))
+    if storage is None:
+        return np.ctypeslib.as_array((ctypes.c_float * total).from_address(start))
+    return segs[0].entry.buf.as_strided((total,), (1,), (start - storage) // 4)
 
 
 def build_none(ctx: Context, graph: Graph) -> None:
