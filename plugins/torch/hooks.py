@@ -2,7 +2,6 @@
 
 # No "from __future__ import annotations": DDP checks the hook's real annotations.
 
-import threading
 from typing import Any
 
 import torch
@@ -137,7 +136,9 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
             done.value()  # re-raises a SyncError
             return buffer
 
-        future = _all_of(parts, buffer) if buffer.is_cuda else parts[0].then(whole)
+        # A child of a CUDA-aware future is CUDA-aware on the same devices (torch's
+        # Future.then): DDP's consumers of the buffer wait for the engine's stream.
+        future = parts[0].then(whole)
     state._watch(parts)
     if bucket.is_last():
         sync.end_step()
@@ -145,32 +146,6 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     else:
         sync.flush()  # a bucket's chunks start now, as DDP hands it over
     return future
-
-
-def _all_of(parts: list[torch.futures.Future[Any]],
-            buffer: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """A CUDA-aware future of ``buffer``, done when every part is (the first error wins):
-    DDP's consumer streams then wait for the engine's on the buffer's device."""
-    out: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
-    left = [len(parts)]
-    lock = threading.Lock()
-
-    def one(part: torch.futures.Future[Any]) -> None:
-        with lock:
-            if out.done():
-                return
-            try:
-                part.value()
-            except Exception as exc:  # noqa: BLE001 - handed to DDP through the future
-                out.set_exception(exc)
-                return
-            left[0] -= 1
-            if left[0] == 0:
-                out.set_result(buffer)
-
-    for part in parts:
-        part.add_done_callback(one)
-    return out
 
 
 def _views_into(buffer: torch.Tensor, grads: list[torch.Tensor]) -> list[torch.Tensor] | None:
