@@ -28,6 +28,12 @@ class ErrorFeedback:
     ``feedback`` (or a decode's ``fb`` output) subtracts the payload's values, zeroing
     what is not finite (a NaN or Inf gradient would poison every later step).
 
+    On the CPU, CaSync's batched encodes defer the second update to the site's next
+    encode, which runs it inside its first pass over the residual (``kept``): the
+    residual then holds ``x + residual`` until that encode, or until it is read here
+    (``residual``, ``state_dict``), which settles it first. Either way it ends with the
+    same bits.
+
     Example:
         >>> ef = ErrorFeedback()
         >>> payload = ef.encode(codec, grad, step=0, key=("fc.weight", 0, "worker"))
@@ -36,6 +42,8 @@ class ErrorFeedback:
     def __init__(self) -> None:
         # NumPy arrays, or tensors on the device of their segment's gradient (CUDA)
         self._residuals: dict[Hashable, Any] = {}
+        # per site, [u64 size | payload] the residual still owes, and the codec to decode it
+        self._kept: dict[Hashable, tuple[np.ndarray, Codec]] = {}
         #: changes whenever residual buffers are replaced, so that callers that hold
         #: their addresses (the engine's batched calls) know to look them up again
         self.version = next(_versions)
@@ -45,7 +53,35 @@ class ErrorFeedback:
 
     def residual(self, key: Hashable) -> Any:
         """The residual an encode site carries, or None before its first encode."""
+        self.settle(key)
         return self._residuals.get(key)
+
+    def kept(self, key: Hashable, codec: Codec, cap: int) -> np.ndarray:
+        """The host buffer in which the site's deferred update waits for its next encode:
+        8 bytes of payload size (0: nothing owed), then up to ``cap`` payload bytes of
+        ``codec`` (``hp::EncItem``'s keep). The batched encode reads and writes it."""
+        entry = self._kept.get(key)
+        if entry is not None and entry[0].size >= cap + 8 and _same(entry[1], codec):
+            return entry[0]
+        self.settle(key)
+        buf = np.zeros(cap + 8, np.uint8)
+        self._kept[key] = (buf, codec)
+        self.version = next(_versions)
+        return buf
+
+    def settle(self, key: Hashable | None = None) -> None:
+        """Apply the deferred update of ``key`` (default: of every site) now."""
+        for k in list(self._kept) if key is None else [key]:
+            entry = self._kept.get(k)
+            residual = self._residuals.get(k)
+            if entry is None:
+                continue
+            buf, codec = entry
+            size = int(buf[:8].view(np.uint64)[0])
+            if size and residual is not None:
+                codec.decode(buf[8:8 + size], numel(residual), out=residual, scale=-1.0,
+                             feedback=True)
+            buf[:8] = 0
 
     def site(self, key: Hashable, n: int, memory: Memory | None = None) -> Any:
         """The residual of ``key`` for ``n`` elements on ``memory`` (default the host),
@@ -58,6 +94,11 @@ class ErrorFeedback:
         if residual is None or numel(residual) != n or _where(residual) != on:
             if residual is not None:
                 self.version = next(_versions)
+                if numel(residual) == n:
+                    self.settle(key)
+                    residual = self._residuals[key]
+                else:  # starts afresh: its pending update no longer applies
+                    self._kept.pop(key, None)
             values = residual if residual is not None and numel(residual) == n else None
             if host:
                 fresh = np.zeros(n, np.float32)
@@ -76,14 +117,17 @@ class ErrorFeedback:
     def reset(self) -> None:
         """Forget every residual (e.g. after the model was reloaded)."""
         self._residuals.clear()
+        self._kept.clear()
         self.version = next(_versions)
 
     def state_dict(self) -> dict[Hashable, np.ndarray]:
         """A host copy of every residual, by site."""
+        self.settle()
         return {key: _host(r).copy() for key, r in self._residuals.items()}
 
     def load_state_dict(self, state: dict[Hashable, np.ndarray]) -> None:
         """Replace the residuals with ``state``'s (from ``state_dict``)."""
+        self._kept.clear()
         self._residuals = {key: np.array(r, dtype=np.float32, order="C", copy=True).reshape(-1)
                            for key, r in state.items()}
         self.version = next(_versions)
@@ -91,10 +135,16 @@ class ErrorFeedback:
     def encode(self, codec: Codec, x: np.ndarray, step: int, key: Hashable,
                out: np.ndarray | None = None) -> np.ndarray:
         """Encode ``x`` plus the site's residual (into ``out`` if given); update the residual."""
+        self.settle(key)
         residual = self.site(key, x.size)
         payload = codec.encode(x, step=step, out=out, residual=residual)
         codec.decode(payload, residual.size, out=residual, scale=-1.0, feedback=True)
         return payload
+
+
+def _same(a: Codec, b: Codec) -> bool:
+    """Whether ``a`` decodes what ``b`` encodes."""
+    return a is b or (a.name, a.params) == (b.name, b.params)
 
 
 def _where(x: Any) -> str:

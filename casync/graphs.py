@@ -140,12 +140,18 @@ class Context:
         items["n"] = [s.n for s in segs]
         if res is not None:
             items["r"] = [self.memory.ptr(r) for r in res]
+            if isinstance(self.memory, HostMemory):  # the CPU defers the update (feedback.py)
+                assert self.feedback is not None and role is not None
+                kept = [self.feedback.kept((*s.key, role), self.codec, int(cap))
+                        for s, cap in zip(segs, caps, strict=True)]
+                items["keep"] = [k.ctypes.data for k in kept]
         offsets = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.uint64) \
             if len(segs) else np.zeros(0, np.uint64)
         if kind == "encode":
             items["cap"] = caps
         sites = np.array([zlib.crc32(repr((s.key, role)).encode()) for s in segs]
                          if kind == "encode" else [], np.uint64)
+        version = self.feedback.version if self.feedback is not None else -1  # kept() may bump it
         rows = self.rows[cache_key] = _Rows(keys, version, items, offsets, int(caps.sum()),
                                             sites)
         return rows

@@ -44,9 +44,11 @@ __all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hin
 _ERRCAP = 512
 
 #: one segment of ``hp_encode_batch``: input, residual (0: none), element count, payload
-#: buffer and its capacity, the payload size (written by the call), RNG step, flags
+#: buffer and its capacity, the payload size (written by the call), RNG step, flags, and
+#: the buffer of a deferred residual update (0: none; see ``hp::EncItem``)
 ENCODE_ITEM = np.dtype([("g", "<u8"), ("r", "<u8"), ("n", "<u8"), ("out", "<u8"),
-                        ("cap", "<u8"), ("size", "<i8"), ("step", "<u4"), ("flags", "<u4")])
+                        ("cap", "<u8"), ("size", "<i8"), ("step", "<u4"), ("flags", "<u4"),
+                        ("keep", "<u8")])
 #: one segment of ``hp_decode_batch``: payload and its size, element count, output
 DECODE_ITEM = np.dtype([("p", "<u8"), ("size", "<u8"), ("n", "<u8"), ("out", "<u8")])
 

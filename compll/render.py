@@ -41,6 +41,14 @@ class CRenderer(ExprRenderer):
     """The shared C-style renderer: a walk over a kernel's schedule."""
 
     options = sch.Options()
+    #: the target defers error feedback's residual update into the next encode: the
+    #: encoder takes a ``settle`` and the decoder hands its output pass to ``then``
+    #: (``hp::finish`` in cpu_runtime.h)
+    settles = False
+
+    @property
+    def settle(self) -> str:
+        return ", settle" if self.settles else ""
 
     # -- element functions --------------------------------------------------------------------
     def element_fn(self, e: ir.Expr, elem: str, staged: bool = False) -> str:
@@ -103,7 +111,7 @@ class CRenderer(ExprRenderer):
                   "{ return g_ptr[i]; };")
 
     def item_addresidual(self, item: sch.AddResidual) -> None:
-        self.emit("if (r_ptr) hp::add_into(r_ptr, g_in, n);")
+        self.emit(f"if (r_ptr) hp::add_into(r_ptr, g_in, n{self.settle});")
 
     def item_scalar(self, item: sch.Scalar) -> None:
         c = self.scalars[item.name]
@@ -274,6 +282,9 @@ class CRenderer(ExprRenderer):
             self.emit("};")
             self.emit(f"hp::fused_pro{by_block or '<false>'}({self.extent(item.extent)}, {pro}, "
                       f"hp::Unpacks{{{fields}}},\n      {body});")
+        elif self.settles and [type(op) for op in item.ops] == [sch.WriteOut]:
+            self.emit(f"hp::finish{by_block}(then, {self.extent(item.extent)}, "
+                      f"hp::Unpacks{{{fields}}},\n      {body});")
         else:
             self.emit(f"hp::fused{by_block}({self.extent(item.extent)}, "
                       f"hp::Unpacks{{{fields}}},\n      {body});")
@@ -310,7 +321,7 @@ class CRenderer(ExprRenderer):
         return f"hp::pack<{op.bits}>(sec[{op.section}], {fn})"
 
     def op_addresidualop(self, op: sch.AddResidualOp) -> str:
-        return "hp::add_residual(r_ptr, g_in)"
+        return f"hp::add_residual(r_ptr, g_in{self.settle})"
 
     def op_writeout(self, op: sch.WriteOut) -> str:
         fn = self.element_fn(op.value, "f32", staged=True)
@@ -332,7 +343,7 @@ class CRenderer(ExprRenderer):
         self.emit(f"for (int k = 0; k < {count}; ++k) total += hp_pad8(sz[k]);")
         if item.residual_on_retry:  # the caller retries on r alone: it must hold r + g
             self.emit("if (total > cap) {")
-            self.emit("  if (r_ptr) hp::add_into(r_ptr, g_in, n);")
+            self.emit(f"  if (r_ptr) hp::add_into(r_ptr, g_in, n{self.settle});")
             self.emit("  return (int64_t)total;")
             self.emit("}")
         else:
@@ -437,7 +448,8 @@ class CRenderer(ExprRenderer):
     def item_scatterout(self, item: sch.ScatterOut) -> None:
         _, m, count, index_fn, value_fn = self.scatter_parts(item.call)
         self.emit(f"if (!hp::check_indices({count}, {m}, {index_fn}, err, errcap)) return 2;")
-        self.emit(f"hp::scatter_out(out, n, accumulate, scale, feedback, {count}, "
+        call = "finish_scatter(then, " if self.settles else "scatter_out("
+        self.emit(f"hp::{call}out, n, accumulate, scale, feedback, {count}, "
                   f"{index_fn}, {value_fn});")
 
     # -- kernels and the whole source ---------------------------------------------------------
@@ -500,6 +512,7 @@ class CpuRenderer(CRenderer):
     lam = "[=]"
     options = sch.Options(direct_reductions=True, merged_extremes=True, fused_blocks=True)
     stage_expands = True
+    settles = True
 
     @staticmethod
     def signature(i: str, staged: bool) -> str:

@@ -7,7 +7,10 @@ from test_kernels_cpu import VARIANTS, adversarial, same_values
 
 import hipress
 from casync.chunks import Chunker, Entry
+from casync.feedback import ErrorFeedback
 from casync.plan import Plan
+from compll.constants import FEEDBACK
+from compll.loaders import ENCODE_ITEM
 from hipress import PayloadError
 
 #: segment sizes of one batch: empty and one-element segments, odd sizes, one large
@@ -51,6 +54,56 @@ def test_batch_equals_single_calls_and_the_reference(name, params, kind):
         for p, o, w, a, n in zip(singles, outs, want, acc, SEGMENTS, strict=True):
             assert same_values(o, w), kwargs
             assert same_values(o, cpu.decode(p, n, out=a.copy(), **kwargs)), kwargs
+
+
+def _deferred_encode(codec, ef, xs, step):
+    """One batched encode of ``xs`` whose residual update waits in ``ef``'s kept buffers,
+    as CaSync's host path runs it."""
+    caps = [codec.max_payload_bytes(x.size) for x in xs]
+    out = np.zeros(sum(caps) + 8, np.uint8)
+    items = np.zeros(len(xs), ENCODE_ITEM)
+    offsets = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.uint64)
+    items["g"] = [x.ctypes.data for x in xs]
+    items["r"] = [ef.site(i, x.size).ctypes.data for i, x in enumerate(xs)]
+    items["keep"] = [ef.kept(i, codec, cap).ctypes.data for i, cap in enumerate(caps)]
+    items["n"], items["cap"] = [x.size for x in xs], caps
+    items["out"] = offsets + np.uint64(out.ctypes.data)
+    items["step"], items["flags"] = 5 + step, FEEDBACK
+    return out[:codec.encode_items(items, out)].copy()
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
+def test_a_deferred_residual_update_gives_the_eager_updates_bits(name, params):
+    """The update settled inside the next encode's pass (or when the residual is read):
+    every payload and residual the same as updating right after each encode, through
+    non-finite inputs and empty and one-element segments."""
+    cpu = hipress.codec(name, target="cpu", seed=4, **params)
+    eager = [np.zeros(n, np.float32) for n in SEGMENTS]
+    ef = ErrorFeedback()
+    for step, kind in enumerate(["random", "special", "random", "random"]):
+        xs = [x * (step + 1) for x in _inputs(kind)]
+        want, _ = cpu.encode_batch(xs, steps=[5 + step] * len(xs), residuals=eager,
+                                   feedback=True)
+        assert _deferred_encode(cpu, ef, xs, step).tobytes() == want.tobytes(), step
+        owed = [int(ef.kept(i, cpu, 0)[:8].view(np.uint64)[0]) for i in range(len(xs))]
+        assert all(owed), "each site owes its last payload until it is read"
+        if step == 1:  # read mid-way: settled now, the next encode owes nothing more
+            assert same_values(ef.residual(3), eager[3])
+    state = ef.state_dict()
+    for i, r in enumerate(eager):
+        assert same_values(state[i], r), i
+
+
+@pytest.mark.cpu
+def test_a_deferred_update_is_settled_before_its_site_changes_codec():
+    onebit, terngrad = hipress.codec("onebit", target="cpu"), hipress.codec("terngrad")
+    ef, eager = ErrorFeedback(), [np.zeros(1000, np.float32)]
+    x = [gradient(1000, seed=3)]
+    _deferred_encode(onebit, ef, x, 0)
+    onebit.encode_batch(x, steps=[5], residuals=eager, feedback=True)
+    ef.kept(0, terngrad, terngrad.max_payload_bytes(1000))  # a new plan for the site
+    assert same_values(ef.residual(0), eager[0])
 
 
 @pytest.mark.cpu

@@ -563,27 +563,97 @@ WriteOut<F> write_out(float* out, int accumulate, float scale, int feedback, F f
   return {out, accumulate, scale, feedback, f};
 }
 
-// r[i] += g[i], in parallel (error feedback adds the gradient into its residual).
-inline void add_into(float* r, const float* g, uint64_t n) {
+// What an encoder does to r first when a deferred residual update is owed: settle(lo, hi)
+// subtracts the previous payload's values from r[lo..hi), chunk by chunk, inside the pass
+// that then adds g there (the encoder's first pass over r: r is read and written once
+// per step instead of twice). The default owes nothing. A function pointer, not a template
+// parameter: the encoder is compiled once, and it is called once per chunk.
+struct Settle {
+  void (*fn)(const void*, uint64_t, uint64_t) = nullptr;
+  const void* ctx = nullptr;
+  void operator()(uint64_t lo, uint64_t hi) const {
+    if (fn) fn(ctx, lo, hi);
+  }
+  template <class F>
+  static Settle of(const F& f) {
+    return {[](const void* c, uint64_t lo, uint64_t hi) { (*static_cast<const F*>(c))(lo, hi); },
+            &f};
+  }
+};
+
+// r[i] += g[i], in parallel (error feedback adds the gradient into its residual), each
+// chunk settled first.
+inline void add_into(float* r, const float* g, uint64_t n, const Settle& settle = Settle{}) {
+  const int64_t chunks = (int64_t)((n + SUM_CHUNK - 1) / SUM_CHUNK);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < (int64_t)n; ++i) r[i] = r[i] + g[i];
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint64_t lo = (uint64_t)c * SUM_CHUNK, hi = std::min(n, lo + SUM_CHUNK);
+    settle(lo, hi);
+    for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) r[i] = r[i] + g[i];
+  }
 }
 
 // The same add as the first op of the encoder's first pass over its input: each chunk
-// is added while the pass holds it in cache, and the ops after it read the sum.
+// is settled and added while the pass holds it in cache, and the ops after it read the sum.
 struct AddResidual {
   static constexpr bool split = true;  // may run block by block
   float* r;
   const float* g;
+  Settle settle;
   void start(uint64_t, int64_t) {}
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t, const S&) {
-    if (r)
+    if (r) {
+      settle(lo, hi);
       for (uint64_t i = lo; i < hi; ++i) r[i] = r[i] + g[i];
+    }
   }
   void finish() {}
 };
-inline AddResidual add_residual(float* r, const float* g) { return {r, g}; }
+inline AddResidual add_residual(float* r, const float* g, const Settle& settle = Settle{}) {
+  return {r, g, settle};
+}
+
+// A decoder's last step, its output pass (the whole of it for every shipped decoder). With
+// Now, it runs here. Otherwise the decoder is settling a residual (accumulate, scale -1,
+// feedback) for the encoder that then(range) runs: the pass is handed over as range(lo,
+// hi), which that encoder calls on every chunk of r just before it reads the chunk.
+// Elements are computed by the same functions either way, so r ends bit for bit the same.
+struct Now {};
+
+// The pass's ops on elements [lo, hi), in the calling thread (lo a multiple of 8, so
+// packed bits start on a byte).
+template <class Op>
+void run_range(uint64_t lo, uint64_t hi, const Unpacks& u, Op op) {
+  static_assert(Op::split, "only element-wise ops run on a range");
+  thread_local std::vector<uint8_t> staged((size_t)MAX_STAGED * SUM_CHUNK);
+  thread_local std::vector<float> expanded((size_t)MAX_STAGED * SUM_CHUNK);
+  for (uint64_t s = lo; s < hi; s += SUM_CHUNK) {
+    const uint64_t e = std::min(hi, s + SUM_CHUNK);
+    Stage st;
+    st.lo = s;
+    for (int k = 0; k < u.count; ++k) {
+      uint8_t* dst = staged.data() + (size_t)k * SUM_CHUNK;
+      unpack_chunk(dst, u.src[k], s, e, u.bits[k]);
+      st.p[k] = dst;
+    }
+    for (int k = 0; k < u.xcount; ++k) {
+      float* dst = expanded.data() + (size_t)k * SUM_CHUNK;
+      expand_chunk(dst, u.xsrc[k], u.xblock[k], s, e);
+      st.x[k] = dst;
+    }
+    op.chunk(s, e, (int64_t)(s / SUM_CHUNK), st);
+  }
+}
+
+template <bool BLOCKS = false, class Then, class Op>
+void finish(Then& then, uint64_t len, Unpacks u, Op op) {
+  if constexpr (std::is_same_v<std::decay_t<Then>, Now>) {
+    fused<BLOCKS>(len, u, op);
+  } else {
+    then([=](uint64_t lo, uint64_t hi) { run_range(lo, hi, u, op); });
+  }
+}
 
 // Materialise a lazy array (used when a packed array is bound to a name).
 template <int BITS, class F>
@@ -801,6 +871,42 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
         write_out(out, 1, scale, feedback, [=](uint64_t i, const auto&) { return t[i]; }));
 }
 
+// scatter_out as a decoder's last step (see finish). Settling, with strictly increasing
+// indices: range(lo, hi) adds the values whose indices fall in [lo, hi) and zeroes what is
+// not finite there, as scatter_out's sparse path does over the whole tensor; otherwise the
+// scatter runs whole first and the encoder owes nothing more.
+template <class Then, class I, class V>
+void finish_scatter(Then& then, float* out, uint64_t n, int accumulate, float scale,
+                    int feedback, uint64_t len, I index, V value) {
+  if constexpr (std::is_same_v<std::decay_t<Then>, Now>) {
+    scatter_out(out, n, accumulate, scale, feedback, len, index, value);
+  } else {
+    const bool sparse = accumulate && feedback && hp_isfinite(scale) && scale != 0.0f &&
+                        std::signbit(scale * 0.0f) && increasing(len, index);
+    if (!sparse) {
+      scatter_out(out, n, accumulate, scale, feedback, len, index, value);
+      then([](uint64_t, uint64_t) {});
+      return;
+    }
+    then([=](uint64_t lo, uint64_t hi) {
+      uint64_t a = 0, b = len;  // the first j with index(j) >= lo
+      while (a < b) {
+        const uint64_t m = a + (b - a) / 2;
+        if (index(m) < (int64_t)lo) a = m + 1; else b = m;
+      }
+      for (uint64_t j = a; j < len; ++j) {
+        const int64_t ix = (int64_t)index(j);
+        if (ix >= (int64_t)hi) break;
+        if (ix < 0) continue;
+        const float w = out[ix] + scale * (0.0f + (float)value(j));
+        out[ix] = hp_isfinite(w) ? w : 0.0f;
+      }
+      for (uint64_t i = lo; i < hi; ++i)
+        if (!hp_isfinite(out[i])) out[i] = 0.0f;
+    });
+  }
+}
+
 inline void put_bytes(uint8_t* dst, const void* src, uint64_t n) { std::memcpy(dst, src, n); }
 inline void copy_bytes(uint8_t* dst, const uint8_t* src, uint64_t n) { std::memcpy(dst, src, n); }
 inline void zero_bytes(uint8_t* dst, uint64_t n) { std::memset(dst, 0, n); }
@@ -829,17 +935,38 @@ void for_segments(uint64_t count, Size size_of, Run run) {
   for (uint64_t i : large) run(i);
 }
 
+// What the encoders report when a batch fails (set before returning -1).
+inline const char*& last_error() {
+  static const char* text = TOO_MANY;
+  return text;
+}
+
 // Encode every item; with compact, then move the payloads end to end from items[0].out
 // (the items' buffers must lie in that order in one buffer). Returns the total bytes
 // (compact), 0, or -1 when an item did not fit its cap or failed (its size says which;
-// nothing is moved then).
-template <class Enc, class Dec>
+// nothing is moved then). An item with feedback and keep settles the payload its keep
+// holds inside its encode (settled(kept, size, item) does both), then keeps the new one;
+// without keep, the new payload's values are subtracted from r after the encode.
+template <class Enc, class Settled, class Dec>
 int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact, Enc enc,
-                     Dec dec) {
+                     Settled settled, Dec dec) {
+  last_error() = TOO_MANY;
   for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
     EncItem& it = items[i];
-    it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap);
-    if (it.size >= 0 && (uint64_t)it.size <= it.cap && (it.flags & FEEDBACK) && it.r) {
+    const bool fb = (it.flags & FEEDBACK) && it.r;
+    if (fb && it.keep) {
+      uint64_t owed;
+      std::memcpy(&owed, it.keep, 8);
+      it.size = owed ? settled(it.keep + 8, owed, it, seed)
+                     : enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, Settle{});
+      // r now holds its sum with g, settled: it owes this payload, or nothing after a failure
+      const uint64_t now = it.size >= 0 && (uint64_t)it.size <= it.cap ? (uint64_t)it.size : 0;
+      std::memcpy(it.keep + 8, it.out, now);
+      std::memcpy(it.keep, &now, 8);
+      return;
+    }
+    it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, Settle{});
+    if (it.size >= 0 && (uint64_t)it.size <= it.cap && fb) {
       char err[128];  // a payload this call just wrote always decodes
       dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, err, sizeof err);
     }

@@ -120,8 +120,10 @@ inline bool framed(const uint8_t* h, uint64_t avail, uint64_t* total, char* err,
 // One segment of a batched call (compll/loaders.py ENCODE_ITEM and DECODE_ITEM mirror
 // these layouts). An encode item writes its payload to out[0..cap) and reports its size;
 // flags bit 0 (FEEDBACK): with a residual r, also subtract what the payload decodes to
-// from r, as error feedback does after every encode. A decode item reads p[0..size) into
-// out.
+// from r, as error feedback does after every encode. With keep (the CPU's batches; 0:
+// none), that subtraction is deferred to the next encode's first pass over r: keep holds
+// [u64 size | payload], the payload r still owes (size 0: none), and each encode first
+// settles it, then leaves its own there. A decode item reads p[0..size) into out.
 struct EncItem {
   const float* g;
   float* r;
@@ -131,6 +133,7 @@ struct EncItem {
   int64_t size;
   uint32_t step;
   uint32_t flags;
+  uint8_t* keep;
 };
 struct DecItem {
   const uint8_t* p;
