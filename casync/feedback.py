@@ -25,7 +25,7 @@ class ErrorFeedback:
     gradients (Seide et al. 2014; Karimireddy et al. 2019). Workers keep one residual
     per tensor segment; aggregators and ring hops one per re-encode. The kernels do
     both updates: the encode adds ``x`` into the residual, and a decode with
-    ``feedback`` (or a decode's ``fb`` output) subtracts the payload's values, zeroing
+    ``feedback`` subtracts the payload's values, zeroing
     what is not finite (a NaN or Inf gradient would poison every later step).
 
     On the CPU, CaSync's batched encodes defer the second update to the site's next
@@ -73,10 +73,10 @@ class ErrorFeedback:
         """Apply the deferred update of ``key`` (default: of every site) now."""
         for k in list(self._kept) if key is None else [key]:
             entry = self._kept.get(k)
-            residual = self._residuals.get(k)
             if entry is None:
                 continue
             buf, codec = entry
+            residual = self._residuals.get(k)
             size = int(buf[:8].view(np.uint64)[0])
             if size and residual is not None:
                 codec.decode(buf[8:8 + size], numel(residual), out=residual, scale=-1.0,
@@ -96,7 +96,6 @@ class ErrorFeedback:
                 self.version = next(_versions)
                 if numel(residual) == n:
                     self.settle(key)
-                    residual = self._residuals[key]
                 else:  # starts afresh: its pending update no longer applies
                     self._kept.pop(key, None)
             values = residual if residual is not None and numel(residual) == n else None
