@@ -48,10 +48,11 @@ class Entry:
         ready: a CUDA event after the gradient was produced (and upcast): the engine's
             stream waits for it before reading ``buf``.
         numel: the elements of ``buf``.
+        device: the device of ``buf`` ("cpu" for the host), as chunks are keyed.
     """
 
     __slots__ = ("name", "tensor", "buf", "write_back", "future", "pending", "ptr",
-                 "memory", "ready", "numel")
+                 "memory", "ready", "numel", "device")
 
     def __init__(self, name: str, tensor: Any, buf: Any, write_back: bool, future: Any,
                  pending: int = 0, ptr: int = 0, memory: Any = None, ready: Any = None
@@ -66,10 +67,7 @@ class Entry:
         self.memory = memory
         self.ready = ready
         self.numel = numel(buf)
-
-    @property
-    def device(self) -> str:
-        return "cpu" if self.memory is None else str(self.memory.device)
+        self.device = "cpu" if memory is None else str(memory.device)
 
 
 class Segment:
@@ -172,7 +170,8 @@ class Chunker:
         self.chunk_elems = int(chunk_elems)
         self.coalesce = coalesce
         self._open: dict[tuple[Plan, str], Chunk] = {}
-        self._keys: dict[Plan, Plan] = {}  # a plan -> its chunk's plan (any K)
+        #: a plan -> its chunk's plan (any K), whether it compresses, has owners, is a ring
+        self._keys: dict[Plan, tuple[Plan, bool, bool, bool]] = {}
         #: each segment's owner, chosen when it is first seen and kept: the same
         #: aggregator every step, whatever order later steps submit in
         self.owners: dict[tuple[str, int, int], int] = {}
@@ -185,22 +184,34 @@ class Chunker:
         ``pending``, as the simulator's tensors) into segments under ``plan``; returns
         the chunks this closed."""
         n = entry.numel
-        k = plan.partitions_for(n) if plan.compress else 1
+        route = self._keys.get(plan)
+        if route is None:  # chunks mix any K
+            topology = plan.topology
+            route = self._keys[plan] = (Plan(topology, plan.algorithm, 1, plan.params),
+                                        plan.compress, topology in ("ps", "ring"),
+                                        topology == "ring")
+        same, compress, owned, ring = route
+        k = plan.partitions_for(n) if compress else 1
         if n > k * self.chunk_elems:
             k = -(-n // self.chunk_elems)
-        topology = plan.topology
-        if topology == "ring":
+        if ring:
             k = max(k, min(self.world, n // RING_PIECE))
-        same = self._keys.get(plan)
-        if same is None:  # chunks mix any K
-            same = self._keys[plan] = Plan(topology, plan.algorithm, 1, plan.params)
         device = getattr(entry, "device", "cpu")  # a chunk's tensors share a device
         key = (same, device)
         entry.pending = k
-        closed = []
-        owned = topology in ("ps", "ring")
         chunk = self._open.get(key)
-        for lo, hi in ((0, n),) if k == 1 else ((sl.start, sl.stop) for sl in partition(n, k)):
+        if k == 1:  # most tensors: one segment, no partition to cut
+            if chunk is None:
+                chunk = self._open[key] = Chunk(same, device=device)
+            chunk.segments.append(Segment(entry, 0, n, self._owner((entry.name, 0, n), n)
+                                          if owned else 0))
+            chunk.numel += n
+            if chunk.numel >= self.chunk_elems or not self.coalesce:
+                return [self._close(key)]
+            return []
+        closed = []
+        for sl in partition(n, k):
+            lo, hi = sl.start, sl.stop
             if chunk is None:
                 chunk = self._open[key] = Chunk(same, device=device)
             owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0

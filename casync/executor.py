@@ -66,8 +66,8 @@ class Task:
 class Graph:
     """The task DAG that synchronizes one chunk in one step."""
 
-    def __init__(self, label: str, step: int) -> None:
-        self.label = label
+    def __init__(self, label: str | Callable[[], str], step: int) -> None:
+        self._label = label
         self.step = step
         self.seq = -1
         self.tasks: list[Task] = []
@@ -76,6 +76,14 @@ class Graph:
         self.on_done: Callable[[], None] | None = None
         self.on_error: Callable[[BaseException], None] | None = None
         self.finished = threading.Event()  # set when done or failed
+
+    @property
+    def label(self) -> str:
+        """What it synchronizes, for errors and traces; a callable label is named only
+        when asked (naming a chunk of many tensors walks them all, every step)."""
+        if callable(self._label):
+            self._label = self._label()
+        return self._label
 
     def task(self, name: str, lane: str, prio: tuple[int, ...], run: Callable[[], Any] | None,
              deps: tuple[Task | None, ...] = (), handle: Handle | None = None) -> Task:

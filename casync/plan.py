@@ -105,14 +105,20 @@ class StaticPlanner:
         self.partition_bytes = int(partition_bytes)
         self.params = tuple(sorted(params.items()))
         self._plans: dict[tuple[bool, int], Plan] = {}
+        self._by_size: dict[tuple[int, int], Plan] = {}
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan:
+        plan = self._by_size.get((numel, world_size))  # asked per tensor per step
+        if plan is not None:
+            return plan
         k = max(1, min(world_size, math.ceil(numel * 4 / self.partition_bytes)))
         raw = self.algorithm is None or numel < self.min_compress or world_size == 1
         plan = self._plans.get((raw, k))
         if plan is None:
             plan = self._plans[(raw, k)] = Plan("none", None, k) if raw else \
                 Plan(self.topology, self.algorithm, k, self.params)
+        if len(self._by_size) < 4096:  # a model has far fewer distinct sizes
+            self._by_size[(numel, world_size)] = plan
         return plan
 
     def __repr__(self) -> str:

@@ -441,13 +441,21 @@ class Synchronizer:
         if items and not self._names:
             self._start()
         self._names.update(names)
-        for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged, strict=True):
-            entry = Entry(name, tensor, buf, write_back, batch, 0, ptr, memory,
-                          events[memory.device] if memory is not None else None)
-            if self.size == 1:
-                _give_back(entry)
-            else:
-                self._queue(entry)
+        if self.size == 1:
+            for (name, tensor), (buf, write_back, ptr, _) in zip(items, staged, strict=True):
+                _give_back(Entry(name, tensor, buf, write_back, batch, 0, ptr))
+        else:  # _queue's work inlined: this loop runs for every tensor of every step
+            plan, add, size, launch = self.planner.plan, self._chunker.add, self.size, \
+                self._launch
+            sizes = self._seen if self._fit is not None else None
+            for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
+                                                                      strict=True):
+                entry = Entry(name, tensor, buf, write_back, batch, 0, ptr, memory,
+                              events[memory.device] if memory is not None else None)
+                if sizes is not None:
+                    sizes.append((name, entry.numel))
+                for chunk in add(entry, plan(name, entry.numel, size)):
+                    launch(chunk)
         if self.size == 1 or not items:
             future.set_result(batch.tensors)
         return future
@@ -551,10 +559,9 @@ class Synchronizer:
                       self.step, self._tag, chunk, self._pool, self._rows,
                       self.link(chunk.segments[0].entry.memory if chunk.segments else None))
         self._tag = (self._tag + slots(plan.topology, self.size)) % tag_space
-        graph = Graph(chunk.label, self.step)
+        graph = Graph(lambda: chunk.label, self.step)
         link = ctx.link
         assert link is not None
-        entries = list(dict.fromkeys(s.entry for s in chunk.segments))
 
         def done() -> None:
             finished = []
@@ -584,14 +591,15 @@ class Synchronizer:
                         batch.future.set_result(batch.tensors)
 
         def failed(error: BaseException) -> None:
-            for entry in entries:
+            for entry in dict.fromkeys(s.entry for s in chunk.segments):
                 if not entry.future.done():
                     entry.future.set_exception(error)
 
         try:  # builders post the graph's receives
             with link.memory.active():  # the engine's stream waits for the gradients
-                for entry in entries:
-                    link.memory.after(entry.ready)
+                if link.memory.cuda:  # host memory has nothing to wait for
+                    for entry in dict.fromkeys(s.entry for s in chunk.segments):
+                        link.memory.after(entry.ready)
                 BUILDERS[plan.topology](ctx, graph)
         except RuntimeError as exc:  # Gloo's error for a peer already gone
             error = self.executor.reject(graph, exc)
