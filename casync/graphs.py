@@ -287,7 +287,7 @@ def _messages(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag:
     assert ctx.link is not None
     if ctx.link.device_wire:
         return _exchange(graph, ctx, name, prio, tag, outs, ins)
-    sends = [graph.task(o.name, "post", o.prio, _poster(ctx, o, tag), o.deps) for o in outs]
+    sends = [graph.task(o.name, "send", o.prio, _poster(ctx, o, tag), o.deps) for o in outs]
     return sends, [_recv(graph, ctx, i, tag) for i in ins]
 
 
