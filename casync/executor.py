@@ -1,25 +1,28 @@
 """The pipelined executor: a compute lane and a communication lane over task DAGs.
 
-Each graph (one chunk of a step's tensors, ``casync.chunks``) is a DAG of tasks. Four
+Each graph (one chunk of a step's tensors, ``casync.chunks``) is a DAG of tasks. Three
 kinds:
 
 - ``compute`` tasks (encode, decode, merge) run on the compute thread, lowest
   priority first among those whose inputs are ready;
 - ``post`` tasks (an allreduce, the nccl link's stages) run inline as soon as their
   inputs are ready — posting is non-blocking; an allreduce then waits on the comm lane;
-- ``send`` tasks (a host-wire send) are posted by the sending thread, lowest priority
-  first: a Gloo send takes its pair's lock, which the backend's loop thread holds while
-  it reads an incoming message, so posting one from the compute thread stalled the next
-  encode (0.3 ms a send in a running job, 0.05 ms alone);
-- ``recv`` tasks are posted when the graph is added and waited on the comm lane.
+- ``p2p`` tasks (a host-wire send or receive) are posted by the p2p thread, lowest
+  priority first, and a receive is then waited on the comm lane. A Gloo post takes its
+  pair's lock, which the backend's loop thread holds while it reads an incoming
+  message: posted from the compute thread a send stalled the next encode (0.3 ms a send
+  in a running job, 0.05 ms alone), and receives posted while building a graph held up
+  the submitting thread as long.
 
 Priorities are ``(graph, stage, index)``, the same on every rank: graphs are numbered in
 the order their chunks close, which every rank shares, and within a graph every send a
 receive waits for depends only on tasks of a lower stage. The comm lane's waiter
 threads take waits in priority order, so the lowest-priority unfinished wait of every
-rank is always being waited on, the sending thread only posts (a send never waits for
-its receiver), and the compute thread never blocks: no rank can wait for a message
-that waits for it, and the pipeline cannot deadlock. Several waiters (a
+rank is always being waited on once posted; the p2p thread only posts (a send never
+waits for its receiver), so every receive, having no inputs, is posted soon after its
+graph is added, and every send soon after its inputs; and the compute thread never
+blocks: no rank can wait for a message that waits for it, and the pipeline cannot
+deadlock. Several waiters (a
 Gloo receive cannot be polled, only waited on) let later messages complete while an
 earlier one is still in flight. While chunk i's messages travel, the compute thread is
 already encoding chunk i+1, which started as soon as its tensors arrived.
@@ -125,8 +128,8 @@ def describe_failure(graph: Graph, handle: Handle | None, cause: BaseException,
 
 
 class Executor:
-    """Runs graphs on one compute thread, one sending thread and a few communication
-    (waiter) threads.
+    """Runs graphs on one compute thread, one p2p (posting) thread and a few
+    communication (waiter) threads.
 
     Args:
         transport: where sends, receives and allreduces are posted.
@@ -156,17 +159,17 @@ class Executor:
         self._failing = threading.Lock()
         self._compute: list[tuple[tuple[int, ...], int, Task]] = []
         self._waits: list[tuple[tuple[int, ...], int, Task]] = []
-        self._sends: list[tuple[tuple[int, ...], int, Task]] = []
-        self._sender = threading.Condition(lock)  # the sending thread
+        self._p2p: list[tuple[tuple[int, ...], int, Task]] = []
+        self._poster = threading.Condition(lock)  # the p2p thread
         self._order = itertools.count()
         self._graphs = itertools.count()
         self._live: set[Graph] = set()
         self._closed = False
-        self._send_thread = threading.Thread(target=self._send_loop, name="casync-send",
-                                             daemon=True)
+        self._p2p_thread = threading.Thread(target=self._p2p_loop, name="casync-p2p",
+                                            daemon=True)
         self._threads = [
             threading.Thread(target=self._compute_loop, name="casync-compute", daemon=True),
-            self._send_thread,
+            self._p2p_thread,
             *(threading.Thread(target=self._comm_loop, name=f"casync-comm{i}", daemon=True)
               for i in range(waiters)),
         ]
@@ -176,7 +179,7 @@ class Executor:
     # -- submission ---------------------------------------------------------------------
 
     def add(self, graph: Graph) -> None:
-        """Schedule a graph: its receives are already posted; ready tasks start now."""
+        """Schedule a graph: its ready tasks (its receives among them) start now."""
         if self.error is not None:
             raise self.error
         graph.seq = next(self._graphs)
@@ -186,18 +189,15 @@ class Executor:
             self._live.add(graph)
             for task in graph.tasks:
                 task.prio = (graph.seq, *task.prio)
-                if task.lane == "recv":
-                    heapq.heappush(self._waits, (task.prio, next(self._order), task))
-                    self._cv.notify()
-                elif task.pending == 0:
+                if task.pending == 0:
                     ready.append(task)
         if not graph.tasks:
             self._finish(graph)
         self._dispatch(ready)
 
     def reject(self, graph: Graph, cause: BaseException) -> SyncError:
-        """Fail the step of a graph that could not be built (posting a receive to a
-        dead peer raises at once); returns the error every waiter now sees."""
+        """Fail the step of a graph that could not be built (a backend call raised);
+        returns the error every waiter now sees."""
         self._fail(describe_failure(graph, None, cause, self.timeout), graph.step)
         assert self.error is not None
         return self.error
@@ -207,7 +207,7 @@ class Executor:
             self._closed = True
             self._cv.notify_all()
             self._work.notify_all()
-            self._sender.notify_all()
+            self._poster.notify_all()
 
     def join(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the lanes' threads to end (after ``close``);
@@ -220,7 +220,7 @@ class Executor:
     # -- completion ---------------------------------------------------------------------
 
     def _dispatch(self, ready: list[Task]) -> None:
-        """Start ready tasks: compute and sends go to their lanes, posts run here
+        """Start ready tasks: compute and p2p go to their lanes, posts run here
         (non-blocking)."""
         ready = ready[::-1]  # post in graph order: collectives must match across ranks
         while ready:
@@ -230,10 +230,10 @@ class Executor:
                     heapq.heappush(self._compute, (task.prio, next(self._order), task))
                     self._work.notify()
                 continue
-            if task.lane == "send" and threading.current_thread() is not self._send_thread:
+            if task.lane == "p2p" and threading.current_thread() is not self._p2p_thread:
                 with self._cv:
-                    heapq.heappush(self._sends, (task.prio, next(self._order), task))
-                    self._sender.notify()
+                    heapq.heappush(self._p2p, (task.prio, next(self._order), task))
+                    self._poster.notify()
                 continue
             try:
                 start = time.perf_counter()
@@ -293,7 +293,7 @@ class Executor:
             self._live.clear()
             self._cv.notify_all()
             self._work.notify_all()
-            self._sender.notify_all()
+            self._poster.notify_all()
         for graph in live:
             if graph.on_error is not None:
                 graph.on_error(self.error)
@@ -328,8 +328,8 @@ class Executor:
                 continue
             self._dispatch(self._complete(task))
 
-    def _send_loop(self) -> None:
-        while (task := self._next(self._sends, self._sender)) is not None:
+    def _p2p_loop(self) -> None:
+        while (task := self._next(self._p2p, self._poster)) is not None:
             self._dispatch([task])
 
     def _comm_loop(self) -> None:

@@ -595,13 +595,13 @@ class Synchronizer:
                 if not entry.future.done():
                     entry.future.set_exception(error)
 
-        try:  # builders post the graph's receives
+        try:  # building touches the device (its stream, the events): CUDA errors raise here
             with link.memory.active():  # the engine's stream waits for the gradients
                 if link.memory.cuda:  # host memory has nothing to wait for
                     for entry in dict.fromkeys(s.entry for s in chunk.segments):
                         link.memory.after(entry.ready)
                 BUILDERS[plan.topology](ctx, graph)
-        except RuntimeError as exc:  # Gloo's error for a peer already gone
+        except RuntimeError as exc:  # torch's error type for a backend's failure
             error = self.executor.reject(graph, exc)
             failed(error)
             raise error from exc
