@@ -24,10 +24,13 @@ from .primitives import partition
 
 __all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
 
-#: Elements a chunk collects before it is sent (16 MiB of float32): large enough that its
-#: messages' fixed costs vanish against their bytes, small enough that a model's step
-#: pipelines over several chunks.
-CHUNK_ELEMS = 4 << 20
+#: Elements a chunk collects before it is sent (64 MiB of float32): large enough that a
+#: chunk's fixed costs (its messages, its tasks' hand-offs between the engine's threads,
+#: about 0.6 ms) vanish against its codec work, small enough that a model's step
+#: pipelines over at least two chunks. ResNet-50's step (25.6M elements, onebit and dgc
+#: ps) took 5-12 % less than with 4M-element chunks on 2 and 4 ranks, loopback and
+#: 1 Gbit/s links (docs/benchmarks.md).
+CHUNK_ELEMS = 16 << 20
 #: A ring cuts a tensor into up to N pieces of at least this many elements, one per run,
 #: so that a chunk of one large tensor still spreads over every hop.
 RING_PIECE = 65536
