@@ -16,13 +16,12 @@ kinds:
 
 Priorities are ``(graph, stage, index)``, the same on every rank: graphs are numbered in
 the order their chunks close, which every rank shares, and within a graph every send a
-receive waits for depends only on tasks of a lower stage. The comm lane's waiter
+receive waits for depends only on tasks of a lower stage. The p2p thread only posts (a
+send never waits for its receiver), so every receive, having no inputs, is posted soon
+after its graph is added, and every send soon after its inputs. The comm lane's waiter
 threads take waits in priority order, so the lowest-priority unfinished wait of every
-rank is always being waited on once posted; the p2p thread only posts (a send never
-waits for its receiver), so every receive, having no inputs, is posted soon after its
-graph is added, and every send soon after its inputs; and the compute thread never
-blocks: no rank can wait for a message that waits for it, and the pipeline cannot
-deadlock. Several waiters (a
+rank is always being waited on, and the compute thread never blocks: no rank can wait
+for a message that waits for it, and the pipeline cannot deadlock. Several waiters (a
 Gloo receive cannot be polled, only waited on) let later messages complete while an
 earlier one is still in flight. While chunk i's messages travel, the compute thread is
 already encoding chunk i+1, which started as soon as its tensors arrived.
