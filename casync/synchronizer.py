@@ -442,8 +442,9 @@ class Synchronizer:
             self._start()
         self._names.update(names)
         if self.size == 1:
-            for (name, tensor), (buf, write_back, ptr, _) in zip(items, staged, strict=True):
-                _give_back(Entry(name, tensor, buf, write_back, batch, 0, ptr))
+            for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
+                                                                      strict=True):
+                _give_back(Entry(name, tensor, buf, write_back, batch, 0, ptr, memory))
         else:  # _queue's work inlined: this loop runs for every tensor of every step
             plan, add, size, launch = self.planner.plan, self._chunker.add, self.size, \
                 self._launch
