@@ -445,18 +445,11 @@ class Synchronizer:
             for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
                                                                       strict=True):
                 _give_back(Entry(name, tensor, buf, write_back, batch, 0, ptr, memory))
-        else:  # _queue's work inlined: this loop runs for every tensor of every step
-            plan, add, size, launch = self.planner.plan, self._chunker.add, self.size, \
-                self._launch
-            sizes = self._seen if self._fit is not None else None
+        else:
             for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
                                                                       strict=True):
-                entry = Entry(name, tensor, buf, write_back, batch, 0, ptr, memory,
-                              events[memory.device] if memory is not None else None)
-                if sizes is not None:
-                    sizes.append((name, entry.numel))
-                for chunk in add(entry, plan(name, entry.numel, size)):
-                    launch(chunk)
+                self._queue(Entry(name, tensor, buf, write_back, batch, 0, ptr, memory,
+                                  events[memory.device] if memory is not None else None))
         if self.size == 1 or not items:
             future.set_result(batch.tensors)
         return future
