@@ -12,6 +12,8 @@ bytes per rank: an all-gather of the payload sizes, then one of the payloads),
 ``merge`` (x elements added in place), ``encode/ALGO`` (x elements, with error feedback
 where the engine keeps it), ``decode/ALGO`` (into a buffer, scaled: a rank's final
 values), ``accumulate/ALGO`` (decode-and-merge: an aggregator's or a hop's merge),
+``fuse/ALGO`` (an aggregator's or a hop's last merge and its re-encode in one call, as
+the CPU kernels run them; without it they cost ``accumulate`` plus ``encode``),
 ``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` and ``tensor/TOPOLOGY``
 (the engine's own cost per chunk graph and per segment in it, beyond its primitives:
 building the graph, dispatching its tasks, submitting the tensors) and, for several

@@ -156,13 +156,33 @@ class Context:
                                             sites)
         return rows
 
-    def encode(self, segs: list[Segment], role: str, site: Hashable) -> Message:
+    def encode(self, segs: list[Segment], role: str, site: Hashable,
+               merge: Message | None = None, merge_site: Hashable = None) -> Message:
         """One message: the payloads of ``segs`` behind their length; with error feedback,
-        of each segment plus the role's residual, which the same call updates."""
+        of each segment plus the role's residual, which the same call updates.
+
+        With ``merge`` (a received message for ``segs``), first add what it decodes to into
+        the segments, as ``decode`` with ``accumulate`` does: an aggregator's last merge
+        and its re-encode. The CPU kernels do both in one pass over the values
+        (``hp_merge_encode_batch``), with the same float operations in the same order as
+        the two calls, so the bytes are the same; the reference target runs the two."""
         codec = self.codec
         assert codec is not None
+        if merge is not None and codec.target == "ref":
+            self.decode(merge, segs, True, None, merge_site)
+            merge = None
         if codec.target == "ref":
             return self._encode_arrays(segs, role, site)
+        payload = None
+        if merge is not None:
+            assert self.link is not None
+            with self.memory.active():
+                payload = self.link.payloads(
+                    merge, lambda size: self.scratch(("unstaged", merge_site), size, np.uint8))
+            if not segs:
+                if numel(payload):
+                    raise PayloadError(f"{numel(payload)} bytes for no segments")
+                payload = None
         with self.memory.active():  # new residuals are zeroed on the engine's stream
             rows = self._rows("encode", site, segs, role)
         out = self.scratch(("payload", site), _LENGTH + rows.cap, np.uint8)
@@ -176,7 +196,7 @@ class Context:
             items["flags"] = FEEDBACK if self.feedback is not None else 0
         assert self.link is not None
         with self.memory.active():
-            total = codec.encode_items(items, out) if len(segs) else 0
+            total = codec.encode_items(items, out, merge=payload) if len(segs) else 0
             return self.link.outgoing(
                 out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
 
@@ -245,13 +265,18 @@ Got = Callable[[], Message]
 
 
 def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
-            segs: list[Segment], role: str,
-            deps: tuple[Task | None, ...] = ()) -> tuple[Task, Got]:
-    """An encode task and a getter for the message it produces."""
+            segs: list[Segment], role: str, deps: tuple[Task | None, ...] = (),
+            merge: tuple[str, Got] | None = None) -> tuple[Task, Got]:
+    """An encode task and a getter for the message it produces; with ``merge`` (a site
+    and a received message), the task first adds that message into ``segs``
+    (``Context.encode``)."""
     box: list[Message] = []
 
     def run() -> None:
-        box.append(ctx.encode(segs, role, name))
+        if merge is None:
+            box.append(ctx.encode(segs, role, name))
+        else:
+            box.append(ctx.encode(segs, role, name, merge[1](), merge[0]))
 
     return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
 
@@ -394,13 +419,19 @@ def build_ps(ctx: Context, graph: Graph) -> None:
     t_enc: Task | None = None
     if mine:
         # The aggregator merges into its own values as they are (no encode round trip);
-        # they are read nowhere else, and the final decode overwrites them.
+        # they are read nowhere else, and the final decode overwrites them. The last
+        # merge is part of the re-encode (one pass over the values); the earlier ones
+        # run as their messages arrive.
         t_prev: Task | None = None
-        for src, (t_recv, theirs) in zip(workers, got, strict=True):
+        for src, (t_recv, theirs) in zip(workers[:-1], got[:-1], strict=True):
             t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True,
                              None, (t_prev, t_recv))
-        t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator",
-                               (t_prev,))
+        if workers:
+            t_recv, theirs = got[-1]
+            t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator",
+                                   (t_prev, t_recv), (f"agg/merge{workers[-1]}", theirs))
+        else:  # a group of one
+            t_enc, total = _encode(graph, ctx, "agg/encode", (2, world), mine, "aggregator")
         replies = [_Out(f"agg/send{dst}", (3, dst), total, dst, (t_enc,)) for dst in workers]
     _, back = _messages(graph, ctx, "down", (3, 0), ctx.tag_of(1), replies,
                         [_In(f"from{agg}/recv", (3, agg), owned[agg], agg) for agg in aggs])
@@ -433,12 +464,12 @@ def build_ring(ctx: Context, graph: Graph) -> None:
         _, [(t_recv, incoming)] = _messages(
             graph, ctx, f"rs-hop{h}", (2 * h + 1, 0), ctx.tag_of(h), [send],
             [_In(f"rs-recv{h}", (2 * h + 1, 0), runs[c], left)])
-        # Run c is read at this hop only; merge into it (final decodes overwrite it).
-        t_merge = _decode(graph, ctx, f"rs-merge{h}", (2 * h + 2, 0), incoming, runs[c], True,
-                          None, (t_last, t_recv))
+        # Run c is read at this hop only; merge into it (final decodes overwrite it) in
+        # the re-encode's call.
         owner = h == world - 2
         t_last, message = _encode(graph, ctx, f"rs-encode{h}", (2 * h + 2, 1), runs[c],
-                                  "owner" if owner else "hop", (t_merge,))
+                                  "owner" if owner else "hop", (t_last, t_recv),
+                                  (f"rs-merge{h}", incoming))
         name = f"rs-send{h + 1}" if not owner else "ag-send0"
         send = _Out(name, (2 * h + 3, 0), message, right, (t_last,))
     # Our own reduced run: decode the bytes every other rank decodes.

@@ -139,7 +139,8 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
                  elements: tuple[int, ...], reps: int, target: str,
                  error_feedback: bool | None) -> dict[str, Linear]:
     """Encode (with residuals where the engine keeps them), decode (into a buffer,
-    scaled, as a rank's final values are), decode-and-merge, bytes."""
+    scaled, as a rank's final values are), decode-and-merge, an aggregator's last merge
+    fused into its re-encode (CPU kernels), bytes."""
     codec = make_codec(algo, target=target)
     on = (not codec.unbiased) if error_feedback is None else error_feedback
     feedback = ErrorFeedback() if on else None
@@ -156,10 +157,20 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
     def accumulate(n: int) -> None:
         P.decode(codec, payloads[n], acc(n), accumulate=True)
 
-    return {f"encode/{algo}": _sweep(transport, elements, reps, encode),
-            f"decode/{algo}": _sweep(transport, elements, reps, decode),
-            f"accumulate/{algo}": _sweep(transport, elements, reps, accumulate),
-            f"bytes/{algo}": payload_bytes(algo, **codec.params)}
+    costs = {f"encode/{algo}": _sweep(transport, elements, reps, encode),
+             f"decode/{algo}": _sweep(transport, elements, reps, decode),
+             f"accumulate/{algo}": _sweep(transport, elements, reps, accumulate),
+             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
+    if codec.target in ("cpu", "auto"):  # the kernels fuse; elsewhere it is acc + enc
+        residual = np.zeros(max(elements), np.float32) if on else None
+
+        def fuse(n: int) -> None:
+            res = None if residual is None else [residual[:n]]
+            codec.encode_batch([acc(n)], out=out, steps=[0], residuals=res, feedback=on,
+                               merge=payloads[n])
+
+        costs[f"fuse/{algo}"] = _sweep(transport, elements, reps, fuse)
+    return costs
 
 
 def _engine_steps(transport: Transport, engine: type, planner: Any, algorithm: str,

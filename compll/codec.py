@@ -256,8 +256,8 @@ class Codec:
         return steps
 
     def encode_batch(self, xs: Sequence[Any], out: Any = None, steps: Sequence[int] | None = None,
-                     residuals: Sequence[Any] | None = None,
-                     feedback: bool = False) -> tuple[Any, list[int]]:
+                     residuals: Sequence[Any] | None = None, feedback: bool = False,
+                     merge: Any = None) -> tuple[Any, list[int]]:
         """Compress several segments in one native call, each into its own payload, the
         payloads laid end to end (what one message of a chunk carries).
 
@@ -271,9 +271,18 @@ class Codec:
                 it and the payload is that of the sum, as for ``encode``.
             feedback: also subtract what each payload decodes to from its residual, zeroing
                 non-finite results (error feedback's update, in the same call).
+            merge: payloads laid end to end, one per segment (a received message): each is
+                first added into its segment's ``x``, which must then be a writable
+                contiguous float32 array (or CUDA tensor), as ``decode_batch`` with
+                ``accumulate=True`` would; then the sums are encoded. An aggregator's last
+                merge and its re-encode; with residuals the kernel reads ``x`` once.
 
         Returns:
             The payloads (a view of ``out``) and each segment's payload size.
+
+        Raises:
+            PayloadError: a payload of ``merge`` is malformed; the message names the segment.
+                Nothing is merged or encoded when the payloads do not frame.
 
         Example:
             >>> payload, sizes = c.encode_batch([a, b])
@@ -289,7 +298,14 @@ class Codec:
         for x in xs:
             _check_count(int(x.numel()) if _is_torch(x) else np.size(x))
         caps = [self.max_payload_bytes(_numel(x)) for x in xs]
+        if merge is not None:
+            xs = [_check_buffer(x, _numel(x), "xs= (a merge's target)", cuda) for x in xs]
+            if len(xs) == 0 and _numel(merge):
+                raise PayloadError(f"{_numel(merge)} bytes for no segments")
         if backend == "ref":
+            if merge is not None:
+                _frame_all(_as_payload(merge), len(xs))  # as the kernels: nothing merged
+                self.decode_batch(merge, [x.size for x in xs], xs, accumulate=True)
             payloads = []
             for x, r, step in zip(xs, res, steps_, strict=True):
                 p = self.encode(x, step=step, residual=r)
@@ -317,7 +333,12 @@ class Codec:
             items["cap"] = caps
             items["step"] = steps_
             items["flags"] = FEEDBACK if feedback else 0
-        total = self._kernel(backend).encode_batch(items, self.seed, buf)
+        kernel = self._kernel(backend)
+        if merge is None:
+            total = kernel.encode_batch(items, self.seed, buf)
+        else:
+            msg = merge.reshape(-1) if cuda else _as_payload(merge)
+            total = kernel.merge_encode_batch(items, self.seed, msg, buf)
         return buf[:total], [int(v) for v in items["size"]]
 
     def decode_batch(self, payload: Any, ns: Sequence[int], outs: Sequence[Any] | None = None,
@@ -380,7 +401,7 @@ class Codec:
             self._kernel(backend).decode_batch(items, int(accumulate), scale, feedback)
         return outs
 
-    def encode_items(self, items: np.ndarray, out: Any) -> int:
+    def encode_items(self, items: np.ndarray, out: Any, merge: Any = None) -> int:
         """``encode_batch``'s native call on prepared rows (for callers that hold the
         addresses, as CaSync's graphs do; they keep the memory alive).
 
@@ -388,6 +409,8 @@ class Codec:
             items: a ``compll.loaders.ENCODE_ITEM`` array with every field but ``size``
                 set, its ``out`` addresses laid in order inside ``out``.
             out: the buffer the payloads are written to (host array, or CUDA tensor).
+            merge: as for ``encode_batch``: payloads end to end, one per row, added into
+                each row's ``g`` (then writable memory) before it is encoded.
 
         Returns:
             The payloads' total bytes, end to end from the first item's ``out``.
@@ -395,7 +418,11 @@ class Codec:
         backend = self._backend(on_gpu=_is_cuda(out))
         if backend == "ref":
             raise ConfigError("encode_items runs kernels; target 'ref' takes encode_batch")
-        return int(self._kernel(backend).encode_batch(items, self.seed, out))
+        kernel = self._kernel(backend)
+        if merge is None:
+            return int(kernel.encode_batch(items, self.seed, out))
+        msg = merge.reshape(-1) if _is_cuda(merge) else _as_payload(merge)
+        return int(kernel.merge_encode_batch(items, self.seed, msg, out))
 
     def decode_items(self, items: np.ndarray, accumulate: bool = False, scale: float = 1.0,
                      feedback: bool = False, cuda: bool = False,
@@ -424,6 +451,19 @@ class Codec:
         if pos != buf.size:
             raise PayloadError(f"segment {len(ns) - 1} of {len(ns)}: {buf.size - pos} bytes "
                                "follow the last segment's payload")
+
+
+def _frame_all(buf: np.ndarray, count: int) -> None:
+    """Check that ``buf`` holds ``count`` payloads end to end, framed by their headers."""
+    pos = 0
+    for i in range(count):
+        try:
+            pos += framed_size(buf[pos:])
+        except PayloadError as exc:
+            raise PayloadError(f"segment {i} of {count}: {exc}") from None
+    if pos != buf.size:
+        raise PayloadError(f"segment {max(count - 1, 0)} of {count}: {buf.size - pos} bytes "
+                           "follow the last segment's payload")
 
 
 def _numel(x: Any) -> int:

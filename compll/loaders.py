@@ -14,11 +14,17 @@ Both targets export the same C ABI (see ``templates/cpu_kernel.cpp.j2``):
     int64_t hp_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact);
     int64_t hp_decode_batch(DecItem* items, uint64_t count, int accumulate, float scale,
                             int feedback, int chained, char* err, uint64_t errcap);
+    int64_t hp_merge_encode_batch(EncItem* items, uint64_t count, uint32_t seed,
+                                  int compact, const uint8_t* msg, uint64_t size,
+                                  char* err, uint64_t errcap, int64_t* bad);
 
 The batched calls take arrays of ``ENCODE_ITEM`` / ``DECODE_ITEM`` (``hp::EncItem`` and
 ``hp::DecItem`` in ``templates/host.h``): a chunk's segments in one native call, each
-with its own payload. On the CPU the pointers are host memory (zero-copy views of NumPy
-arrays or CPU tensors); on the GPU they are device pointers of CUDA tensors.
+with its own payload. ``hp_merge_encode_batch`` is an aggregator's last merge and its
+re-encode in one call: ``msg`` holds one payload per item, each added to the item's ``g``
+before ``g`` is encoded (on the CPU in one pass over ``g``). On the CPU the pointers are
+host memory (zero-copy views of NumPy arrays or CPU tensors); on the GPU they are device
+pointers of CUDA tensors.
 """
 
 from __future__ import annotations
@@ -96,6 +102,12 @@ class Kernel:
         lib.hp_decode_batch.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
                                         ctypes.c_float, ctypes.c_int, ctypes.c_int,
                                         ctypes.c_char_p, ctypes.c_uint64]
+        lib.hp_merge_encode_batch.restype = ctypes.c_int64
+        lib.hp_merge_encode_batch.argtypes = [ctypes.c_void_p, ctypes.c_uint64,
+                                              ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_uint64, ctypes.c_char_p,
+                                              ctypes.c_uint64,
+                                              ctypes.POINTER(ctypes.c_int64)]
         lib.hp_algorithm_id.restype = ctypes.c_uint32
         lib.hp_last_error.restype = ctypes.c_char_p
         if lib.hp_algorithm_id() != algorithm_id(program):
@@ -156,6 +168,27 @@ class Kernel:
                                f"{message}")
         return int(total)
 
+    def run_merge_encode_batch(self, items: np.ndarray, seed: int, msg_ptr: int,
+                               size: int) -> int:
+        """Add the payloads of ``msg`` (one per item, end to end) to each item's ``g``, then
+        encode as :meth:`run_encode_batch` with compact. A bad payload is a PayloadError
+        naming its segment; then nothing is encoded if the framing failed, and at most the
+        items other than the bad one are."""
+        err = ctypes.create_string_buffer(_ERRCAP)
+        bad = ctypes.c_int64(-1)
+        total = self.lib.hp_merge_encode_batch(items.ctypes.data, items.size, seed, 1,
+                                               msg_ptr, size, err, _ERRCAP,
+                                               ctypes.byref(bad))
+        if total >= 0:
+            return int(total)
+        if bad.value >= 0:
+            raise PayloadError(f"segment {bad.value} of {items.size}: "
+                               f"{err.value.decode(errors='replace')}")
+        message = err.value.decode(errors="replace") or \
+            self.lib.hp_last_error().decode(errors="replace")
+        raise HiPressError(f"{self.program.name} merge and encode failed on {self.target}: "
+                           f"{message}")
+
     def run_decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                          feedback: bool, chained: bool) -> None:
         """Decode every ``DECODE_ITEM`` (``chained``: the first item's bytes hold one payload
@@ -207,6 +240,10 @@ class CpuKernel(Kernel):
     def decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                      feedback: bool) -> None:
         self.run_decode_batch(items, accumulate, scale, feedback, True)
+
+    def merge_encode_batch(self, items: np.ndarray, seed: int, msg: np.ndarray,
+                           buf: np.ndarray) -> int:
+        return self.run_merge_encode_batch(items, seed, msg.ctypes.data, msg.size)
 
 
 class CudaKernel(Kernel):
@@ -268,6 +305,12 @@ class CudaKernel(Kernel):
             raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
         with self._on(torch.cuda.current_device() if device is None else device):
             self.run_decode_batch(items, accumulate, scale, feedback, True)
+
+    def merge_encode_batch(self, items: np.ndarray, seed: int, msg: Any, buf: Any) -> int:
+        if msg.data_ptr() % 8:
+            raise PayloadError("a payload on the GPU must start 8-byte aligned; pass a copy")
+        with self._on(buf.device):
+            return self.run_merge_encode_batch(items, seed, msg.data_ptr(), msg.numel())
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel:

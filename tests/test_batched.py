@@ -56,9 +56,10 @@ def test_batch_equals_single_calls_and_the_reference(name, params, kind):
             assert same_values(o, cpu.decode(p, n, out=a.copy(), **kwargs)), kwargs
 
 
-def _deferred_encode(codec, ef, xs, step):
+def _deferred_encode(codec, ef, xs, step, merge=None):
     """One batched encode of ``xs`` whose residual update waits in ``ef``'s kept buffers,
-    as CaSync's host path runs it."""
+    as CaSync's host path runs it (with ``merge``: that message added into ``xs`` first,
+    in the same call, as an aggregator's)."""
     caps = [codec.max_payload_bytes(x.size) for x in xs]
     out = np.zeros(sum(caps) + 8, np.uint8)
     items = np.zeros(len(xs), ENCODE_ITEM)
@@ -69,7 +70,7 @@ def _deferred_encode(codec, ef, xs, step):
     items["n"], items["cap"] = [x.size for x in xs], caps
     items["out"] = offsets + np.uint64(out.ctypes.data)
     items["step"], items["flags"] = 5 + step, FEEDBACK
-    return out[:codec.encode_items(items, out)].copy()
+    return out[:codec.encode_items(items, out, merge=merge)].copy()
 
 
 @pytest.mark.cpu
@@ -93,6 +94,88 @@ def test_a_deferred_residual_update_gives_the_eager_updates_bits(name, params):
     state = ef.state_dict()
     for i, r in enumerate(eager):
         assert same_values(state[i], r), i
+
+
+def _merge_message(codec, kind, seed):
+    """A worker's upload for SEGMENTS: what an aggregator merges."""
+    theirs = [x * np.float32(0.5) + np.float32(seed) for x in _inputs(kind)]
+    return codec.encode_batch(theirs, steps=[seed + i for i in range(len(theirs))])[0].copy()
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("feedback", [True, False])
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
+def test_a_fused_merge_and_encode_gives_the_two_calls_bits(name, params, feedback):
+    """An aggregator's last merge inside its re-encode: the same merged values, payloads
+    and residuals as decoding (accumulate) and then encoding, and as the reference."""
+    cpu = hipress.codec(name, target="cpu", seed=4, **params)
+    ref = hipress.codec(name, target="ref", seed=4, **params)
+    for kind in ("random", "special"):
+        msg = _merge_message(cpu, kind, 3)
+        start = [gradient(n, seed=i + 20) * 0.1 for i, n in enumerate(SEGMENTS)]
+        runs = []
+        for how in ("fused", "two calls", "ref"):
+            xs = _inputs(kind)
+            res = [r.copy() for r in start] if feedback else None
+            steps = [11 + 3 * i for i in range(len(xs))]
+            if how == "two calls":
+                cpu.decode_batch(msg, SEGMENTS, xs, accumulate=True)
+                payload, _ = cpu.encode_batch(xs, steps=steps, residuals=res, feedback=feedback)
+            else:
+                payload, _ = (cpu if how == "fused" else ref).encode_batch(
+                    xs, steps=steps, residuals=res, feedback=feedback, merge=msg)
+            runs.append((payload.tobytes(), xs, res))
+        (fused, xs_f, res_f), *others = runs
+        for payload, xs, res in others:
+            assert payload == fused, kind
+            for a, b in zip(xs_f, xs, strict=True):
+                assert same_values(a, b), kind
+            for a, b in zip(res_f or [], res or [], strict=True):
+                assert same_values(a, b), kind
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
+def test_a_fused_merge_with_a_deferred_update_gives_the_eager_bits(name, params):
+    """CaSync's host path: the merge, the deferred update of the last payload and the
+    encode in one pass, over steps, against merging and encoding eagerly."""
+    cpu = hipress.codec(name, target="cpu", seed=4, **params)
+    eager = [np.zeros(n, np.float32) for n in SEGMENTS]
+    ef = ErrorFeedback()
+    for step, kind in enumerate(["random", "special", "random"]):
+        msg = _merge_message(cpu, kind, step + 1)
+        mine = [x * (step + 1) for x in _inputs(kind)]
+        xs = [x.copy() for x in mine]
+        cpu.decode_batch(msg, SEGMENTS, xs, accumulate=True)
+        want, _ = cpu.encode_batch(xs, steps=[5 + step] * len(xs), residuals=eager,
+                                   feedback=True)
+        got = _deferred_encode(cpu, ef, mine, step, merge=msg)
+        assert got.tobytes() == want.tobytes(), step
+        for a, b in zip(mine, xs, strict=True):
+            assert same_values(a, b), step
+    state = ef.state_dict()
+    for i, r in enumerate(eager):
+        assert same_values(state[i], r), i
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("target", ["cpu", "ref"])
+def test_a_bad_merge_payload_names_its_segment(target):
+    c = hipress.codec("onebit", target=target)
+    xs = [gradient(n, seed=n) for n in (100, 200, 300)]
+    msg, sizes = c.encode_batch([x * 2 for x in xs])
+    bad = msg.copy()
+    bad[sizes[0] + 4] ^= 0xFF  # the second segment's algorithm id
+    with pytest.raises(PayloadError, match="segment 1 of 3"):
+        c.encode_batch([x.copy() for x in xs], merge=bad)
+    for broken in (msg[:-8], np.concatenate([msg, np.zeros(8, np.uint8)])):
+        mine = [x.copy() for x in xs]
+        with pytest.raises(PayloadError, match="segment 2 of 3"):
+            c.encode_batch(mine, merge=broken)
+        for a, b in zip(mine, xs, strict=True):  # framing failed: nothing was merged
+            assert same_values(a, b)
+    with pytest.raises(hipress.ConfigError, match="merge's target"):
+        c.encode_batch([x.astype(np.float64) for x in xs], merge=msg)
 
 
 @pytest.mark.cpu

@@ -343,7 +343,7 @@ def test_profile_command_fits_every_primitive(tmp_path):
     cost = CostModel.load(out)
     assert cost.world == 2
     assert {"send", "allreduce", "exchange", "merge", "encode/onebit", "decode/onebit",
-            "bytes/onebit"} <= set(cost.costs)
+            "fuse/onebit", "bytes/onebit"} <= set(cost.costs)
     assert cost.costs["send"].b > 0 and cost.encode("onebit", 1 << 20) > 0
     gather = cost.costs["exchange"]  # its fixed cost is the mean over the small sizes
     small = [t - gather.b * x for x, t in gather.points[:len(gather.points) // 2]]

@@ -941,36 +941,38 @@ inline const char*& last_error() {
   return text;
 }
 
-// Encode every item; with compact, then move the payloads end to end from items[0].out
-// (the items' buffers must lie in that order in one buffer). Returns the total bytes
-// (compact), 0, or -1 when an item did not fit its cap or failed (its size says which;
-// nothing is moved then). An item with feedback and keep settles the payload its keep
-// holds inside its encode (settled(kept, size, item) does both), then keeps the new one;
-// without keep, the new payload's values are subtracted from r after the encode.
+// One item's encode. pre(lo, hi) runs on every chunk of r before the encoder adds g there
+// (a merge into g owed first; it runs only with a residual). With feedback and keep, the
+// payload keep holds is settled inside the encode (settled(kept, size, item, seed, pre)
+// does both), then the new one is kept; without keep, the new payload's values are
+// subtracted from r after the encode.
 template <class Enc, class Settled, class Dec>
-int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact, Enc enc,
-                     Settled settled, Dec dec) {
-  last_error() = TOO_MANY;
-  for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
-    EncItem& it = items[i];
-    const bool fb = (it.flags & FEEDBACK) && it.r;
-    if (fb && it.keep) {
-      uint64_t owed;
-      std::memcpy(&owed, it.keep, 8);
-      it.size = owed ? settled(it.keep + 8, owed, it, seed)
-                     : enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, Settle{});
-      // r now holds its sum with g, settled: it owes this payload, or nothing after a failure
-      const uint64_t now = it.size >= 0 && (uint64_t)it.size <= it.cap ? (uint64_t)it.size : 0;
-      std::memcpy(it.keep + 8, it.out, now);
-      std::memcpy(it.keep, &now, 8);
-      return;
-    }
-    it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, Settle{});
-    if (it.size >= 0 && (uint64_t)it.size <= it.cap && fb) {
-      char err[128];  // a payload this call just wrote always decodes
-      dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, err, sizeof err);
-    }
-  });
+void encode_item(EncItem& it, uint32_t seed, Enc enc, Settled settled, Dec dec,
+                 const Settle& pre) {
+  const bool fb = (it.flags & FEEDBACK) && it.r;
+  if (fb && it.keep) {
+    uint64_t owed;
+    std::memcpy(&owed, it.keep, 8);
+    it.size = owed ? settled(it.keep + 8, owed, it, seed, pre)
+                   : enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, pre);
+    // r now holds its sum with g, settled: it owes this payload, or nothing after a failure
+    const uint64_t now = it.size >= 0 && (uint64_t)it.size <= it.cap ? (uint64_t)it.size : 0;
+    std::memcpy(it.keep + 8, it.out, now);
+    std::memcpy(it.keep, &now, 8);
+    return;
+  }
+  it.size = enc(it.g, it.r, it.n, seed, it.step, it.out, it.cap, pre);
+  if (it.size >= 0 && (uint64_t)it.size <= it.cap && fb) {
+    char err[128];  // a payload this call just wrote always decodes
+    dec(it.out, (uint64_t)it.size, it.n, it.r, 1, -1.0f, 1, err, sizeof err);
+  }
+}
+
+// After a batch's encodes: -1 when an item did not fit its cap or failed (its size says
+// which; nothing is moved then); else, with compact, the payloads moved end to end from
+// items[0].out (the items' buffers lie in that order in one buffer) and their total
+// bytes; else 0.
+inline int64_t compact_items(EncItem* items, uint64_t count, int compact) {
   for (uint64_t i = 0; i < count; ++i)
     if (items[i].size < 0 || (uint64_t)items[i].size > items[i].cap) return -1;
   if (!compact || count == 0) return 0;
@@ -981,6 +983,69 @@ int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact,
     dst += items[i].size;
   }
   return (int64_t)(dst - items[0].out);
+}
+
+// Encode every item (encode_item); then compact_items.
+template <class Enc, class Settled, class Dec>
+int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact, Enc enc,
+                     Settled settled, Dec dec) {
+  last_error() = TOO_MANY;
+  for_segments(count, [&](uint64_t i) { return items[i].n; },
+               [&](uint64_t i) { encode_item(items[i], seed, enc, settled, dec, Settle{}); });
+  return compact_items(items, count, compact);
+}
+
+// An aggregator's (or a ring hop's) last merge and its re-encode in one call: msg[0..size)
+// holds one payload per item, end to end; each item's payload is added to its g (as
+// decode_batch with accumulate does), then g is encoded as encode_batch does. With a
+// residual, merged(p, size, item, go, err, errcap) hands the merge's output pass to the
+// encoder (go(pre)), which runs it on each chunk of g just before adding g to r: g is read
+// once instead of three times. Every payload is framed before anything is written. Returns
+// as encode_batch, or -1 with *bad the index of the first payload that did not decode (its
+// message in err; that item is not encoded).
+template <class Enc, class Settled, class Dec, class Merged>
+int64_t merge_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact,
+                           const uint8_t* msg, uint64_t size, char* err, uint64_t errcap,
+                           int64_t* bad, Enc enc, Settled settled, Dec dec, Merged merged) {
+  last_error() = TOO_MANY;
+  *bad = -1;
+  std::vector<const uint8_t*> ps((size_t)count);
+  std::vector<uint64_t> sizes((size_t)count);
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t total = 0;
+    if (!framed(msg, size, &total, err, errcap)) {
+      *bad = (int64_t)i;
+      return -1;
+    }
+    ps[i] = msg;
+    sizes[i] = total;
+    msg += total;
+    size -= total;
+  }
+  if (size) {
+    fail(err, errcap, "%llu bytes follow the last segment's payload", size);
+    *bad = count ? (int64_t)count - 1 : 0;
+    return -1;
+  }
+  int64_t first = -1;
+  for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
+    EncItem& it = items[i];
+    char e[512];
+    auto go = [&](const Settle& pre) { encode_item(it, seed, enc, settled, dec, pre); };
+    if (merged(ps[i], sizes[i], it, go, e, (uint64_t)sizeof e)) {
+      it.size = -1;
+#pragma omp critical(hp_merge_encode_batch)
+      if (first < 0 || (int64_t)i < first) {
+        first = (int64_t)i;
+        std::snprintf(err, errcap, "%s", e);
+      }
+    }
+  });
+  if (first >= 0) {
+    *bad = first;
+    return -1;
+  }
+  return compact_items(items, count, compact);
 }
 
 // Decode every item (accumulate: 0, 1, or SCALE_SUM: add, then multiply the sum by scale).
