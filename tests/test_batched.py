@@ -107,14 +107,15 @@ def _merge_message(codec, kind, seed):
 @pytest.mark.parametrize("name,params", VARIANTS, ids=[f"{n}-{p}" for n, p in VARIANTS])
 def test_a_fused_merge_and_encode_gives_the_two_calls_bits(name, params, feedback):
     """An aggregator's last merge inside its re-encode: the same merged values, payloads
-    and residuals as decoding (accumulate) and then encoding, and as the reference."""
+    and residuals as decoding (accumulate) and then encoding, and as the reference (on
+    one kind of input: the interpreter is slow, and the two calls match it elsewhere)."""
     cpu = hipress.codec(name, target="cpu", seed=4, **params)
     ref = hipress.codec(name, target="ref", seed=4, **params)
     for kind in ("random", "special"):
         msg = _merge_message(cpu, kind, 3)
         start = [gradient(n, seed=i + 20) * 0.1 for i, n in enumerate(SEGMENTS)]
         runs = []
-        for how in ("fused", "two calls", "ref"):
+        for how in ("fused", "two calls", "ref")[:3 if kind == "random" else 2]:
             xs = _inputs(kind)
             res = [r.copy() for r in start] if feedback else None
             steps = [11 + 3 * i for i in range(len(xs))]
