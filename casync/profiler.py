@@ -113,7 +113,8 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
 
 
 #: the primitives a profile holds; a cached profile of another format is measured again
-PROFILE_FORMAT = 3
+#: (4: ``fuse/ALGO``, without which a cached profile would price the fused call as two)
+PROFILE_FORMAT = 4
 
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
