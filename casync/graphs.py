@@ -165,7 +165,8 @@ class Context:
         the segments, as ``decode`` with ``accumulate`` does: an aggregator's last merge
         and its re-encode. The CPU kernels do both in one pass over the values
         (``hp_merge_encode_batch``), with the same float operations in the same order as
-        the two calls, so the bytes are the same; the reference target runs the two."""
+        the two calls, so the bytes are the same; the CUDA kernels run the two batched
+        calls behind the same entry point, the reference target the two codec calls."""
         codec = self.codec
         assert codec is not None
         if merge is not None and codec.target == "ref":
