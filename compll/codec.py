@@ -304,7 +304,6 @@ class Codec:
                 raise PayloadError(f"{_numel(merge)} bytes for no segments")
         if backend == "ref":
             if merge is not None:
-                _frame_all(_as_payload(merge), len(xs))  # as the kernels: nothing merged
                 self.decode_batch(merge, [x.size for x in xs], xs, accumulate=True)
             payloads = []
             for x, r, step in zip(xs, res, steps_, strict=True):
@@ -359,8 +358,9 @@ class Codec:
 
         Raises:
             PayloadError: a segment's payload is malformed or truncated, or bytes follow the
-                last one; the message names the segment. That segment's output is left as it
-                was; the others are decoded.
+                last one; the message names the segment. When the payloads do not frame (a
+                truncated message, bytes after the last) no output changes; else that
+                segment's output is left as it was, and the kernels decode the others.
         """
         ns = [int(n) for n in ns]
         for n in ns:
@@ -440,30 +440,31 @@ class Codec:
     def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
                           accumulate: bool, scale: float, feedback: bool) -> None:
         pos = 0
-        for i, (n, o) in enumerate(zip(ns, outs, strict=True)):
+        for i, (n, o, size) in enumerate(zip(ns, outs, _frame_all(buf, len(ns)), strict=True)):
             try:
-                size = framed_size(buf[pos:])
                 self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate, scale=scale,
                             feedback=feedback)
             except PayloadError as exc:
                 raise PayloadError(f"segment {i} of {len(ns)}: {exc}") from None
             pos += size
-        if pos != buf.size:
-            raise PayloadError(f"segment {len(ns) - 1} of {len(ns)}: {buf.size - pos} bytes "
-                               "follow the last segment's payload")
 
 
-def _frame_all(buf: np.ndarray, count: int) -> None:
-    """Check that ``buf`` holds ``count`` payloads end to end, framed by their headers."""
+def _frame_all(buf: np.ndarray, count: int) -> list[int]:
+    """The sizes of the ``count`` payloads ``buf`` holds end to end, found from their
+    headers before anything is decoded (as the kernels do); a PayloadError names the
+    segment that does not frame, or says that bytes follow the last."""
+    sizes = []
     pos = 0
     for i in range(count):
         try:
-            pos += framed_size(buf[pos:])
+            sizes.append(framed_size(buf[pos:]))
         except PayloadError as exc:
             raise PayloadError(f"segment {i} of {count}: {exc}") from None
+        pos += sizes[-1]
     if pos != buf.size:
         raise PayloadError(f"segment {max(count - 1, 0)} of {count}: {buf.size - pos} bytes "
                            "follow the last segment's payload")
+    return sizes
 
 
 def _numel(x: Any) -> int:
