@@ -169,8 +169,8 @@ class Context:
         calls behind the same entry point, the reference target the two codec calls."""
         codec = self.codec
         assert codec is not None
-        if merge is not None and codec.target == "ref":
-            self.decode(merge, segs, True, None, merge_site)
+        if merge is not None and (codec.target == "ref" or not segs):
+            self.decode(merge, segs, True, None, merge_site)  # no segments: checks it is empty
             merge = None
         if codec.target == "ref":
             return self._encode_arrays(segs, role, site)
@@ -180,10 +180,6 @@ class Context:
             with self.memory.active():
                 payload = self.link.payloads(
                     merge, lambda size: self.scratch(("unstaged", merge_site), size, np.uint8))
-            if not segs:
-                if numel(payload):
-                    raise PayloadError(f"{numel(payload)} bytes for no segments")
-                payload = None
         with self.memory.active():  # new residuals are zeroed on the engine's stream
             rows = self._rows("encode", site, segs, role)
         out = self.scratch(("payload", site), _LENGTH + rows.cap, np.uint8)

@@ -941,6 +941,26 @@ inline const char*& last_error() {
   return text;
 }
 
+// Find count payloads laid end to end in p[0..size) from their headers: put(i, payload,
+// bytes) for each. Returns -1, or the index of the first that does not frame (the last
+// when bytes follow it), with the message in err.
+template <class Put>
+int64_t frame_chain(const uint8_t* p, uint64_t size, uint64_t count, char* err,
+                    uint64_t errcap, Put put) {
+  for (uint64_t i = 0; i < count; ++i) {
+    uint64_t total = 0;
+    if (!framed(p, size, &total, err, errcap)) return (int64_t)i;
+    put(i, p, total);
+    p += total;
+    size -= total;
+  }
+  if (size) {
+    fail(err, errcap, "%llu bytes follow the last segment's payload", size);
+    return count ? (int64_t)count - 1 : 0;
+  }
+  return -1;
+}
+
 // One item's encode. pre(lo, hi) runs on every chunk of r before the encoder adds g there
 // (a merge into g owed first; it runs only with a residual). With feedback and keep, the
 // payload keep holds is settled inside the encode (settled(kept, size, item, seed, pre)
@@ -999,8 +1019,8 @@ int64_t encode_batch(EncItem* items, uint64_t count, uint32_t seed, int compact,
 // holds one payload per item, end to end; each item's payload is added to its g (as
 // decode_batch with accumulate does), then g is encoded as encode_batch does. With a
 // residual, merged(p, size, item, go, err, errcap) hands the merge's output pass to the
-// encoder (go(pre)), which runs it on each chunk of g just before adding g to r: g is read
-// once instead of three times. Every payload is framed before anything is written. Returns
+// encoder (go(pre)), which runs it on each chunk of g just before adding g to r: one pass
+// over g instead of two. Every payload is framed before anything is written. Returns
 // as encode_batch, or -1 with *bad the index of the first payload that did not decode (its
 // message in err; that item is not encoded).
 template <class Enc, class Settled, class Dec, class Merged>
@@ -1011,22 +1031,12 @@ int64_t merge_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int co
   *bad = -1;
   std::vector<const uint8_t*> ps((size_t)count);
   std::vector<uint64_t> sizes((size_t)count);
-  for (uint64_t i = 0; i < count; ++i) {
-    uint64_t total = 0;
-    if (!framed(msg, size, &total, err, errcap)) {
-      *bad = (int64_t)i;
-      return -1;
-    }
-    ps[i] = msg;
-    sizes[i] = total;
-    msg += total;
-    size -= total;
-  }
-  if (size) {
-    fail(err, errcap, "%llu bytes follow the last segment's payload", size);
-    *bad = count ? (int64_t)count - 1 : 0;
-    return -1;
-  }
+  *bad = frame_chain(msg, size, count, err, errcap,
+                     [&](uint64_t i, const uint8_t* p, uint64_t total) {
+                       ps[i] = p;
+                       sizes[i] = total;
+                     });
+  if (*bad >= 0) return -1;
   int64_t first = -1;
   for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
     EncItem& it = items[i];
@@ -1057,20 +1067,12 @@ template <class Dec>
 int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale, int feedback,
                      int chained, Dec dec, char* err, uint64_t errcap) {
   if (chained && count) {
-    const uint8_t* p = items[0].p;
-    uint64_t left = items[0].size;
-    for (uint64_t i = 0; i < count; ++i) {
-      uint64_t total = 0;
-      if (!framed(p, left, &total, err, errcap)) return (int64_t)i;
-      items[i].p = p;
-      items[i].size = total;
-      p += total;
-      left -= total;
-    }
-    if (left) {
-      fail(err, errcap, "%llu bytes follow the last segment's payload", left);
-      return (int64_t)count - 1;
-    }
+    const int64_t unframed = frame_chain(items[0].p, items[0].size, count, err, errcap,
+                                         [&](uint64_t i, const uint8_t* p, uint64_t total) {
+                                           items[i].p = p;
+                                           items[i].size = total;
+                                         });
+    if (unframed >= 0) return unframed;
   }
   int64_t bad = -1;
   // accumulate == SCALE_SUM: add, then scale the sum (the mean of an allgather's payloads)
