@@ -71,22 +71,33 @@ def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = N
 
 def resumed_bit_for_bit(scenario: str, out: Path, args: dict[str, Any],
                         script: Path = HERE / "ranks.py") -> list[dict[str, Any]]:
-    """The checkpoint round trip on 2 ranks: 12 steps straight, or 6, a checkpoint, fresh
-    processes, 6 more. Asserts every run exits 0 and both end on the same parameters to the
-    bit on every rank; returns the straight run's results."""
+    """The checkpoint round trip on 2 ranks: 12 steps straight, saving a checkpoint after
+    the 6th as a training job does, and fresh processes that load it and run the last 6.
+    Asserts every run exits 0 and both end on the same parameters to the bit on every rank
+    (so saving did not disturb the straight run either); returns the straight run's
+    results."""
     def run(name: str, **more: Any) -> list[dict[str, Any]]:
         results = launch(2, scenario, out / name, {**args, **more}, script=script)
         for r in results:
             assert r["rc"] == 0, r["log"][-3000:]
         return results
 
-    straight = run("straight", start=0, steps=12)
-    run("first", start=0, steps=6, save=str(out / "ckpt"))
+    straight = run("straight", start=0, steps=12, save=str(out / "ckpt"), save_at=6)
     second = run("second", start=6, steps=6, load=str(out / "ckpt"))
     for rank in range(2):
         a, b = straight[rank]["arrays"]["params"], second[rank]["arrays"]["params"]
         assert a.tobytes() == b.tobytes(), f"rank {rank}: max diff {np.abs(a - b).max()}"
     return straight
+
+
+def stall(out: Path, rank: int, limit: float) -> None:
+    """Stay alive and silent until every other rank has written its report to ``out`` (the
+    survivors have timed out on this rank), or for ``limit`` seconds at most: a stall as
+    long as it needs to be and no longer."""
+    others = [out / f"rank{r}.json" for r in range(int(os.environ["WORLD_SIZE"])) if r != rank]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and not all(p.exists() for p in others):
+        time.sleep(0.1)
 
 
 def data(rank: int, index: int, n: int, step: int = 0) -> np.ndarray:
@@ -248,7 +259,7 @@ def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             if step == 2 and rank == args["victim"]:
                 if args["mode"] in ("die", "gone"):
                     os._exit(17)
-                time.sleep(args["timeout"] + 15)
+                stall(out, rank, args["timeout"] + 15)
             if step == 2 and args["mode"] == "gone":
                 time.sleep(2.0)  # posting this step's receives then meets a closed peer
             start = time.monotonic()
@@ -425,11 +436,12 @@ def main(scenarios: dict[str, Any] | None = None) -> None:
 
 def _digits() -> tuple[Any, Any]:
     import torch
-    from sklearn.datasets import load_digits
 
-    d = load_digits()
-    return (torch.from_numpy((d.data / 16.0).astype(np.float32)),
-            torch.from_numpy(d.target.astype(np.int64)))
+    sys.path.insert(0, str(HERE.parent / "examples"))
+    from _digits import load_digits
+
+    x, y = load_digits()
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
 def _mlp(width: int) -> Any:
@@ -579,7 +591,7 @@ def torch_fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                 time.sleep(1.0)
                 if args["fault"] == "die":
                     os._exit(17)
-                time.sleep(float(os.environ["HIPRESS_TIMEOUT"]) + 5)
+                stall(out, rank, float(os.environ["HIPRESS_TIMEOUT"]) + 5)
             loss.backward()
             opt.step()
     except hipress.SyncError as exc:
@@ -621,8 +633,8 @@ def _engine_fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Train ``steps`` steps from ``start`` (DDP + hook, or DistributedOptimizer), loading
-    the checkpoint in ``load`` first and saving one to ``save`` at the end: the straight
-    run and the saved-and-resumed one must end with the same bits."""
+    the checkpoint in ``load`` first and saving one to ``save`` after step ``save_at``: the
+    straight run and the saved-and-resumed one must end with the same bits."""
     import torch
     from torch import nn
 
@@ -656,12 +668,12 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x[idx]), y[idx]).backward()
         opt.step()
-    if args.get("save"):
-        folder = Path(args["save"])
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                    "hook": state.state_dict() if state is not None else None},
-                   folder / f"rank{rank}.pt")
+        if args.get("save") and step + 1 == args["save_at"]:
+            folder = Path(args["save"])
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                        "hook": state.state_dict() if state is not None else None},
+                       folder / f"rank{rank}.pt")
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     np.savez(out / f"rank{rank}.npz", params=flat.numpy())
     return {}

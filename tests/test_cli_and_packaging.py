@@ -110,3 +110,21 @@ def test_the_facade_re_exports_the_compiler_on_first_use():
     assert hipress.codec("onebit", target="ref").name == "onebit"
     assert "onebit" in hipress.algorithms() and hipress.Codec.__module__ == "compll.codec"
     assert hipress.SyncError.__mro__[1] is hipress.HiPressError
+
+
+def test_the_examples_read_scikit_learns_own_digits():
+    """The examples read the digits' CSV straight from scikit-learn's folder (its import
+    costs every rank seconds): the same images and labels, to the bit."""
+    import numpy as np
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from _digits import load_digits
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    x, y = load_digits()
+    reference = sklearn_digits()
+    assert x.dtype == np.float32 and y.dtype == np.int64 and x.shape == (1797, 64)
+    assert x.tobytes() == (reference.data / 16.0).astype(np.float32).tobytes()
+    assert y.tobytes() == reference.target.astype(np.int64).tobytes()

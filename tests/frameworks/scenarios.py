@@ -20,18 +20,18 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent.parent / "examples")]
 
 from _digits import batches, digest, load_digits_split  # noqa: E402
-from ranks import main  # noqa: E402
+from ranks import main, stall  # noqa: E402
 
 STEPS = 20
 BATCH = 32
 WIDTH = 64
 
 
-def _die_if_asked(args: dict[str, Any], rank: int, step: int) -> None:
+def _die_if_asked(args: dict[str, Any], rank: int, step: int, out: Path) -> None:
     if args.get("kill_rank") == rank and step == args.get("kill_step"):
         sys.stdout.flush()
         if args.get("stall"):  # alive, silent past the survivors' timeout
-            time.sleep(float(os.environ["HIPRESS_TIMEOUT"]) + 5)
+            stall(out, rank, float(os.environ["HIPRESS_TIMEOUT"]) + 5)
             return
         os._exit(3)
 
@@ -66,13 +66,13 @@ def tf_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             # inside tf.function and model.fit, TensorFlow turns the SyncError into an
             # UnknownError: hp.sync_errors() turns it back
             with hp.sync_errors():
-                results[mode] = _tf_mode(args, rank, mode)
+                results[mode] = _tf_mode(args, rank, mode, out)
         except SyncError as exc:
             return _failed(args, rank, out, exc, start, hp)
     return results
 
 
-def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
+def _tf_mode(args: dict[str, Any], rank: int, mode: str, out: Path) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
@@ -94,7 +94,7 @@ def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
         model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
         sel = np.concatenate(idx)
         fault = keras.callbacks.LambdaCallback(
-            on_train_batch_begin=lambda batch, logs: _die_if_asked(args, rank, batch))
+            on_train_batch_begin=lambda batch, logs: _die_if_asked(args, rank, batch, out))
         history = model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=2, shuffle=False,
                             verbose=0, callbacks=[hp.BroadcastGlobalVariablesCallback(0), fault])
         losses = history.history["loss"]
@@ -112,7 +112,7 @@ def _tf_mode(args: dict[str, Any], rank: int, mode: str) -> dict[str, Any]:
 
         step_fn = tf.function(grads_of) if mode == "graph" else grads_of
         for step, sel in enumerate(idx):
-            _die_if_asked(args, rank, step)
+            _die_if_asked(args, rank, step, out)
             loss, local, averaged = step_fn(xtr[sel], ytr[sel])
             if algo == "none" and step == 0:
                 mine = [g.numpy() for g in local]
@@ -133,7 +133,8 @@ def _batch(rank: int, step: int, n: int) -> np.ndarray:
 def tf_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Train ``steps`` steps from ``start`` with a DistributedGradientTape (``tape``) or
     Keras's fit with DistributedOptimizer (``keras``), loading the checkpoint in ``load``
-    first and saving one to ``save`` at the end (weights and HiPress's state)."""
+    first and saving one to ``save`` after step ``save_at`` (weights and HiPress's state;
+    under Keras, between two calls of fit)."""
     import pickle
 
     import keras
@@ -161,11 +162,13 @@ def tf_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         saved = pickle.loads((Path(args["load"]) / f"rank{rank}.pkl").read_bytes())
         model.set_weights(saved["weights"])
         holder.load_state_dict(saved["hipress"])
-    steps = range(args["start"], args["start"] + args["steps"])
-    if mode == "keras":
-        sel = np.concatenate([_batch(rank, s, len(xtr)) for s in steps])
-        model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    else:
+    def train(steps: range) -> None:
+        if not steps:
+            return
+        if mode == "keras":
+            sel = np.concatenate([_batch(rank, s, len(xtr)) for s in steps])
+            model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+            return
         for step in steps:
             sel = _batch(rank, step, len(xtr))
             with tf.GradientTape() as tape:
@@ -173,11 +176,16 @@ def tf_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             grads = hp.DistributedGradientTape(tape, algorithm=algo).gradient(
                 loss, model.trainable_variables)
             opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+    start, end = args["start"], args["start"] + args["steps"]
+    cut = args["save_at"] if args.get("save") else end
+    train(range(start, cut))
     if args.get("save"):
         folder = Path(args["save"])
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"rank{rank}.pkl").write_bytes(pickle.dumps(
             {"weights": model.get_weights(), "hipress": holder.state_dict()}))
+    train(range(cut, end))
     np.savez(out / f"rank{rank}.npz",
              params=np.concatenate([w.reshape(-1) for w in model.get_weights()]))
     return {}
@@ -220,7 +228,7 @@ def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     start = time.monotonic()
     try:
         for step, sel in enumerate(batches(len(xtr), BATCH, rank, world, 0)[:STEPS]):
-            _die_if_asked(args, rank, step)
+            _die_if_asked(args, rank, step, out)
             x, y = mx.nd.array(xtr[sel]), mx.nd.array(ytr[sel])
             with autograd.record():
                 loss = loss_fn(net(x), y)
@@ -289,12 +297,13 @@ def mx_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             loss = loss_fn(net(x), y)
         loss.backward()
         trainer.step(scale)
+        if args.get("save") and step + 1 == args["save_at"]:
+            folder = Path(args["save"])
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"rank{rank}.pkl").write_bytes(pickle.dumps(
+                {"weights": [p.data().asnumpy() for p in params.values()],
+                 "hipress": holder.state_dict()}))
     weights = [p.data().asnumpy() for p in params.values()]
-    if args.get("save"):
-        folder = Path(args["save"])
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"rank{rank}.pkl").write_bytes(pickle.dumps(
-            {"weights": weights, "hipress": holder.state_dict()}))
     np.savez(out / f"rank{rank}.npz", params=np.concatenate([w.reshape(-1) for w in weights]))
     return {}
 

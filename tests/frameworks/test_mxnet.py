@@ -84,6 +84,7 @@ def test_example_runs_under_the_launcher(tmp_path):
 @pytest.mark.parametrize("algo", ["onebit", "terngrad"])
 @pytest.mark.parametrize("mode", ["kvstore", "trainer"])
 def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo):
-    """12 steps straight, or 6, a checkpoint (weights and HiPress's state), fresh
-    processes, 6 more: the same weights to the bit on every rank."""
+    """12 steps straight with a checkpoint (weights and HiPress's state) after the 6th,
+    and fresh processes that resume from it for 6 more: the same weights to the bit on
+    every rank."""
     resumed_bit_for_bit("mx_checkpoint", tmp_path, {"algo": algo, "mode": mode}, script=SCENARIOS)
