@@ -41,8 +41,10 @@ CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-ffp-contract=off",
 CPU_PARTS = ("-DHP_PART=1", "-DHP_PART=2")
 #: Architectures built when no device says which (``cuda_archs``).
 CUDA_ARCHS = ("80", "90")
-CUDA_FLAGS = ("-std=c++17", "-O3", "--extended-lambda", "--fmad=false", "-Xcompiler",
-              "-fPIC", "-shared", "-w")
+#: ``--threads 0``: nvcc compiles the architectures at once, one thread each (sm_80 and
+#: sm_90: 5.8 s a build here against 7.6-11.6 s one after the other).
+CUDA_FLAGS = ("-std=c++17", "-O3", "--extended-lambda", "--fmad=false", "--threads", "0",
+              "-Xcompiler", "-fPIC", "-shared", "-w")
 
 
 @dataclass(frozen=True)
