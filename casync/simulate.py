@@ -206,10 +206,9 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
         for group in _groups(grads, DDP_BUCKET):
             name, numel, ready = _label(group), sum(g.numel for g in group), group[-1].ready
             plan = Plan("none", None, 1)
-            # DDP copies the gradients into the flat bucket, and back out after.
-            ready = lanes.place("compute", ready, cost.merge(numel / cost.gpus))
+            # The chain holds DDP's own passes: the copy into the flat bucket, the average
+            # and the copy back out (charging the copies here as well counted them twice).
             end = predict(lanes, cost, plan, numel, world, ready, engine=False)
-            end = lanes.place("compute", end, cost.merge(numel / cost.gpus))
             result.units.append(Unit(name, numel, plan, ready, end))
         result.end = max((u.finish for u in result.units), default=0.0)
         return result

@@ -282,6 +282,18 @@ def test_naive_pays_one_measured_exchange_per_tensor_in_series():
     assert cost.exchange(100, 4) > 2 * cost.allreduce(1, 4) > 0
 
 
+def test_simulated_allreduce_pays_each_bucket_pass_once():
+    """A bucket costs its copy in, the allreduce, the average and its copy out: three
+    passes over it beside the collective (as bench sync's and DDP's step do), not five."""
+    merge, allreduce = Linear(0.0, 1e-9), Linear(1e-3, 4e-9)
+    cost = CostModel(2, {"merge": merge, "allreduce": allreduce}, 1, {}, 1.0)
+    n = 1_000_000
+    end = simulate(cost, 2, [Gradient("w", n)], "allreduce").end
+    assert end == pytest.approx(3 * merge(n) + allreduce(n))
+    two = simulate(cost, 2, [Gradient("a", 7_000_000), Gradient("b", n)], "allreduce")
+    assert [u.numel for u in two.units] == [7_000_000, n]  # DDP's 25 MB buckets
+
+
 def test_simulator_orders_strategies_as_the_link_dictates():
     grads = ready_times(layers("resnet50"), 0.116)
     slow, fast = CostModel.cluster(4, 1, 1e9), CostModel.cluster(4, 1, 400e9)
