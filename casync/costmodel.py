@@ -140,6 +140,12 @@ class CostModel:
     def encode(self, algo: str, n: float) -> float:
         return self._get(f"encode/{algo}")(n)
 
+    def plain_encode(self, algo: str, n: float) -> float:
+        """An encode without error feedback (the naive baseline's); a profile that timed
+        ``encode/ALGO`` without residuals, or has no ``plain/ALGO``, prices it so."""
+        key = f"plain/{algo}" if f"plain/{algo}" in self.costs else f"encode/{algo}"
+        return self._get(key)(n)
+
     def decode(self, algo: str, n: float) -> float:
         return self._get(f"decode/{algo}")(n)
 

@@ -113,8 +113,9 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
 
 
 #: the primitives a profile holds; a cached profile of another format is measured again
-#: (4: ``fuse/ALGO``, without which a cached profile would price the fused call as two)
-PROFILE_FORMAT = 4
+#: (4: ``fuse/ALGO``, without which a cached profile would price the fused call as two;
+#: 5: ``plain/ALGO``, without which the naive baseline paid error feedback's encode)
+PROFILE_FORMAT = 5
 
 #: elements in each rotating pool: 64 MiB of float32, more than any last-level cache
 _POOL = 16 << 20
@@ -141,7 +142,8 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
                  error_feedback: bool | None) -> dict[str, Linear]:
     """Encode (with residuals where the engine keeps them), decode (into a buffer,
     scaled, as a rank's final values are), decode-and-merge, an aggregator's last merge
-    fused into its re-encode (CPU kernels), bytes."""
+    fused into its re-encode (CPU kernels), bytes; with residuals, an encode without
+    them too (``plain/ALGO``, the naive baseline's)."""
     codec = make_codec(algo, target=target)
     on = (not codec.unbiased) if error_feedback is None else error_feedback
     feedback = ErrorFeedback() if on else None
@@ -162,6 +164,11 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
              f"decode/{algo}": _sweep(transport, elements, reps, decode),
              f"accumulate/{algo}": _sweep(transport, elements, reps, accumulate),
              f"bytes/{algo}": payload_bytes(algo, **codec.params)}
+    if feedback is not None:  # the naive baseline encodes without residuals
+        def plain(n: int) -> None:
+            codec.encode(x(n), out=out)
+
+        costs[f"plain/{algo}"] = _sweep(transport, elements, reps, plain)
     if codec.target in ("cpu", "auto"):  # the kernels fuse; elsewhere it is acc + enc
         residual = np.zeros(max(elements), np.float32) if on else None
 

@@ -143,7 +143,8 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
         # codec: zero the sum, average it, copy it back (three passes), and what the
         # baseline's own code costs per tensor (profiled as ``naive``).
         own = cost.costs["naive"].a if "naive" in cost.costs else 0.0
-        chain = [Stage("compute", cost.encode(algo, x) + own),
+        # It encodes without error feedback (``casync.baselines``), whatever the engine does.
+        chain = [Stage("compute", cost.plain_encode(algo, x) + own),
                  Stage("net", cost.exchange(y, peers + 1)),
                  Stage("compute", (peers + 1) * cost.accumulate(algo, x) + 3 * cost.merge(x))]
         t = lanes.run(on_host(cost, chain), max(t, g.ready))

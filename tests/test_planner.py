@@ -282,6 +282,22 @@ def test_naive_pays_one_measured_exchange_per_tensor_in_series():
     assert cost.exchange(100, 4) > 2 * cost.allreduce(1, 4) > 0
 
 
+def test_naive_is_priced_without_error_feedback():
+    """The naive baseline encodes without residuals (casync.baselines): the simulator
+    charges it the profile's plain encode, and the engine the encode with feedback."""
+    grads = [Gradient(name, n) for name, n in [("a", 1_000_000), ("b", 300_000)]]
+    cost = CostModel.cluster(2, 1, 1e9)
+    before = simulate(cost, 2, grads, "naive").end  # no plain/ALGO: priced as encode/ALGO
+    planner = StaticPlanner("onebit", "ps", min_compress=0)
+    engine = simulate(cost, 2, grads, "casync", planner=planner).end
+    encode = cost.costs["encode/onebit"]
+    cost.costs["plain/onebit"] = Linear(encode.a, encode.b / 2)
+    after = simulate(cost, 2, grads, "naive").end
+    saved = sum(encode(n) - cost.costs["plain/onebit"](n) for n in (1_000_000, 300_000))
+    assert before - after == pytest.approx(saved)
+    assert simulate(cost, 2, grads, "casync", planner=planner).end == pytest.approx(engine)
+
+
 def test_simulated_allreduce_pays_each_bucket_pass_once():
     """A bucket costs its copy in, the allreduce, the average and its copy out: three
     passes over it beside the collective (as bench sync's and DDP's step do), not five."""
@@ -355,7 +371,7 @@ def test_profile_command_fits_every_primitive(tmp_path):
     cost = CostModel.load(out)
     assert cost.world == 2
     assert {"send", "allreduce", "exchange", "merge", "encode/onebit", "decode/onebit",
-            "fuse/onebit", "bytes/onebit"} <= set(cost.costs)
+            "fuse/onebit", "plain/onebit", "bytes/onebit"} <= set(cost.costs)
     assert cost.costs["send"].b > 0 and cost.encode("onebit", 1 << 20) > 0
     gather = cost.costs["exchange"]  # its fixed cost is the mean over the small sizes
     small = [t - gather.b * x for x, t in gather.points[:len(gather.points) // 2]]
