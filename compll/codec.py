@@ -439,14 +439,19 @@ class Codec:
 
     def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
                           accumulate: bool, scale: float, feedback: bool) -> None:
+        # As the kernels do: a bad segment keeps its output and the others still decode;
+        # the first bad one is reported.
         pos = 0
+        first: PayloadError | None = None
         for i, (n, o, size) in enumerate(zip(ns, outs, _frame_all(buf, len(ns)), strict=True)):
             try:
                 self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate, scale=scale,
                             feedback=feedback)
             except PayloadError as exc:
-                raise PayloadError(f"segment {i} of {len(ns)}: {exc}") from None
+                first = first or PayloadError(f"segment {i} of {len(ns)}: {exc}")
             pos += size
+        if first is not None:
+            raise first
 
 
 def _frame_all(buf: np.ndarray, count: int) -> list[int]:

@@ -202,6 +202,8 @@ def test_batch_decode_names_the_bad_segment_and_keeps_the_others(target):
     with pytest.raises(PayloadError, match="segment 1 of 3"):
         c.decode_batch(bad, [100, 200, 300], outs)
     assert (outs[1] == 7.0).all()  # untouched
+    for i in (0, 2):  # the others decoded, on either side of it
+        assert same_values(outs[i], c.decode(c.encode(xs[i]), xs[i].size)), i
     with pytest.raises(PayloadError, match="follow"):
         c.decode_batch(np.concatenate([payload, np.zeros(8, np.uint8)]), [100, 200, 300])
     with pytest.raises(PayloadError):
