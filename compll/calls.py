@@ -10,17 +10,35 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import ir
 from .builtins import Builtin, RuleError
-from .ir import FLOATS, PACKED_BITS, Length, Type
+from .ir import FLOATS, PACKED_BITS, Length, Pos, Type
 from .typing_rules import is_int, promote_one
 
-if TYPE_CHECKING:
-    from .checker import Checker
-
 __all__ = ["RULES", "cast", "elementwise"]
+
+class Checker(Protocol):
+    """What a rule uses of ``compll.checker.Checker``, which calls the rules (so this
+    module does not import it)."""
+
+    lambda_env: dict[str, Type] | None
+    #: random streams handed out to draws without an explicit one
+    stream: int
+
+    def err(self, message: str, pos: Pos | None, cls: type = ...) -> Exception: ...
+    def expr(self, e: ir.Expr) -> ir.Expr: ...
+    def typed_args(self, e: ir.Call) -> tuple[ir.Expr, ...]: ...
+    def const_value(self, x: ir.Expr) -> Any: ...
+    def value_type(self, e: ir.Expr, what: str) -> Type: ...
+    def broadcast(self, types: list[Type], elem: str, pos: Pos,
+                  literal: bool = False) -> Type: ...
+    def same_length(self, a: Type, b: Type, pos: Pos) -> None: ...
+    def fresh_length(self, what: str, pos: Pos) -> Length: ...
+    def length_of_scalar(self, expr: ir.Expr) -> Length: ...
+    def lambda_body(self, lam: ir.Expr, params: tuple[Type, ...], what: str) -> ir.Lambda: ...
+
 
 _U32 = Type.scalar("u32")
 _REDUCE_OPS = ("sum", "max", "min")
