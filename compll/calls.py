@@ -19,6 +19,7 @@ from .typing_rules import is_int, promote_one
 
 __all__ = ["RULES", "cast", "elementwise"]
 
+
 class Checker(Protocol):
     """What a rule uses of ``compll.checker.Checker``, which calls the rules (so this
     module does not import it)."""
