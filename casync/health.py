@@ -16,6 +16,13 @@ from typing import Any
 __all__ = ["Health"]
 
 _PREFIX = "hipress/health"
+#: Seconds between two progress posts at least. A post per step cost a short step about
+#: 0.3 ms (the store's round trip and the poster's wake-up competing with the step), and
+#: the diagnosis reads progress a timeout (seconds) after it was posted.
+POST_EVERY = 0.05
+#: Seconds a failing rank waits before it reads the others' progress: several
+#: ``POST_EVERY``, for posters slowed down by a busy host.
+SETTLE = 0.25
 
 
 def _default_store(group: Any) -> Any:
@@ -55,15 +62,15 @@ class Health:
         self._cv = threading.Condition()
         self._step = -1
         self._closed = False
+        self._idle = False  # the poster waits for a new step (not between two posts)
         self._poster: threading.Thread | None = None
 
     def progress(self, step: int) -> None:
         """Record that this rank started ``step``.
 
-        A helper thread posts it: the step does not wait for the store's round trip
-        (0.4 ms with a thread per post, on every step's first submit), and a dead store
-        holds up only that thread. Only the newest step is posted; the diagnosis reads
-        it a timeout later."""
+        A helper thread posts it: the step does not wait for the store's round trip, and
+        a dead store holds up only that thread. Only the newest step is posted, at most
+        once per ``POST_EVERY`` seconds; the diagnosis reads it a timeout later."""
         if self.store is None:
             return
         with self._cv:
@@ -72,14 +79,17 @@ class Health:
                 self._poster = threading.Thread(target=self._post, name="hipress-health",
                                                 daemon=True)
                 self._poster.start()
-            self._cv.notify()
+            if self._idle:  # a poster between posts is not woken: it looks when it is due
+                self._cv.notify()
 
     def _post(self) -> None:
         posted = -1
         while True:
             with self._cv:
+                self._idle = True
                 while self._step == posted and not self._closed:
                     self._cv.wait()
+                self._idle = False
                 if self._closed:
                     return
                 posted = self._step
@@ -87,6 +97,8 @@ class Health:
                 self.store.set(f"{_PREFIX}/step/{self.rank}", str(posted))
             except Exception:  # noqa: BLE001 - best effort, as every store access here
                 pass
+            with self._cv:
+                self._cv.wait_for(lambda: self._closed, POST_EVERY)
 
     def close(self) -> None:
         """Stop the posting thread (a post in flight finishes on its own)."""
@@ -95,14 +107,25 @@ class Health:
             self._cv.notify()
 
     def report(self, message: str) -> None:
-        """Tell the other ranks what this rank saw fail."""
-        if self.store is not None:
-            _bounded(lambda: self.store.set(f"{_PREFIX}/fault/{self.rank}", message), 2.0)
+        """Tell the other ranks what this rank saw fail, and the step it is in."""
+        if self.store is None:
+            return
+
+        def post() -> None:
+            self.store.set(f"{_PREFIX}/step/{self.rank}", str(self._step))
+            self.store.set(f"{_PREFIX}/fault/{self.rank}", message)
+
+        _bounded(post, 2.0)
 
     def diagnose(self, step: int) -> str:
-        """What the other ranks reported, and which ranks never reached ``step``."""
+        """What the other ranks reported, and which ranks never reached ``step``.
+
+        Reads the store ``SETTLE`` seconds from now: a live rank's newest step is posted
+        within ``POST_EVERY`` of its start, so by then a rank seen behind ``step`` is one
+        that never started it, not one whose post had not gone out yet."""
         if self.store is None:
             return ""
+        time.sleep(SETTLE)
 
         def read() -> str:
             notes, behind = [], []

@@ -100,6 +100,77 @@ def test_progress_is_posted_off_the_step_and_a_dead_store_holds_up_nothing():
     assert not poster.is_alive()
 
 
+def test_progress_is_posted_at_most_once_per_interval_and_the_newest_step_lands():
+    """A step loop of a few ms does not pay a store round trip per step: posts are spaced
+    by ``POST_EVERY``, and the last step still reaches the store."""
+    import time
+
+    from casync.health import POST_EVERY, Health
+
+    class Store:
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {}
+            self.posts = 0
+
+        def set(self, key: str, value: str) -> None:
+            self.posts += 1
+            self.values[key] = value
+
+    store = Store()
+    health = Health(None, 0, 2, store=store)
+    t0 = time.monotonic()
+    for step in range(200):
+        health.progress(step)
+        time.sleep(0.001)
+    took = time.monotonic() - t0
+    deadline = time.monotonic() + 5
+    while store.values.get("hipress/health/step/0") != "199" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store.values["hipress/health/step/0"] == "199"
+    assert store.posts <= took / POST_EVERY + 2, (store.posts, took)
+    health.close()
+
+
+def test_the_diagnosis_blames_only_ranks_that_never_started_the_step():
+    """Posts are spaced, so a rank's newest step may not be in the store yet when
+    another rank fails: the diagnosis waits for the posts to settle, and names only the
+    rank that really stopped."""
+    import threading
+
+    from casync.health import Health
+
+    class Store:
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {}
+            self.lock = threading.Lock()
+
+        def set(self, key: str, value: str) -> None:
+            with self.lock:
+                self.values[key] = value
+
+        def check(self, keys: list[str]) -> bool:
+            with self.lock:
+                return all(k in self.values for k in keys)
+
+        def get(self, key: str) -> bytes:
+            with self.lock:
+                return self.values[key].encode()
+
+    store = Store()
+    ranks = [Health(None, r, 3, store=store) for r in range(3)]
+    for step in range(3):  # steps 0-2 in quick succession on ranks 0 and 1
+        ranks[0].progress(step)
+        ranks[1].progress(step)
+        if step < 2:
+            ranks[2].progress(step)  # rank 2 stops before step 2
+    ranks[0].report("lost rank 2")
+    found = ranks[0].diagnose(2)
+    assert "rank 2 never started step 2 (last seen in step 1)" in found, found
+    assert "rank 1" not in found, found
+    for health in ranks:
+        health.close()
+
+
 def test_framed_size_finds_the_payload_in_a_larger_buffer():
     c = hipress.codec("dgc", target="ref")
     payload = c.encode(ranks.data(0, 0, 5000))
