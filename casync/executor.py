@@ -7,6 +7,9 @@ kinds:
   priority first among those whose inputs are ready;
 - ``post`` tasks (an allreduce, the nccl link's stages) run inline as soon as their
   inputs are ready — posting is non-blocking; an allreduce then waits on the comm lane;
+- ``inline`` tasks (a small chunk's average after its allreduce) also run on the thread
+  that completed their inputs: short host work that never waits, for which a hand-off to
+  the compute thread would cost about as much as the work;
 - ``p2p`` tasks (a host-wire send or receive) are posted by the p2p thread, lowest
   priority first, and a receive is then waited on the comm lane. A Gloo post takes its
   pair's lock, which the backend's loop thread holds while it reads an incoming
@@ -21,7 +24,9 @@ send never waits for its receiver), so every receive, having no inputs, is poste
 after its graph is added, and every send soon after its inputs. The comm lane's waiter
 threads take waits in priority order, so the lowest-priority unfinished wait of every
 rank is always being waited on, and the compute thread never blocks: no rank can wait
-for a message that waits for it, and the pipeline cannot deadlock. Several waiters (a
+for a message that waits for it, and the pipeline cannot deadlock. A waiter that runs an
+inline task after its wait is busy for that short work and waits on nothing meanwhile,
+so it delays the next wait without ever holding it up. Several waiters (a
 Gloo receive cannot be polled, only waited on) let later messages complete while an
 earlier one is still in flight. While chunk i's messages travel, the compute thread is
 already encoding chunk i+1, which started as soon as its tensors arrived.
@@ -219,8 +224,8 @@ class Executor:
     # -- completion ---------------------------------------------------------------------
 
     def _dispatch(self, ready: list[Task]) -> None:
-        """Start ready tasks: compute and p2p go to their lanes, posts run here
-        (non-blocking)."""
+        """Start ready tasks: compute and p2p go to their lanes, posts and inline tasks
+        run here (neither blocks)."""
         ready = ready[::-1]  # post in graph order: collectives must match across ranks
         while ready:
             task = ready.pop()

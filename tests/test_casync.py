@@ -171,6 +171,32 @@ def test_the_diagnosis_blames_only_ranks_that_never_started_the_step():
         health.close()
 
 
+@pytest.mark.pure
+def test_an_inline_task_runs_on_the_thread_that_finished_its_input():
+    """The inline lane (a small chunk's average) takes no hand-off: it runs where its
+    input completed, here the thread that added the graph; a compute task after it runs
+    on the compute thread."""
+    import threading
+
+    from casync.executor import Executor, Graph
+
+    executor = Executor(None, timeout=5.0)  # type: ignore[arg-type]
+    ran: dict[str, str] = {}
+
+    def note(name: str) -> object:
+        return lambda: ran.__setitem__(name, threading.current_thread().name)
+
+    graph = Graph("g", 0)
+    posted = graph.task("post", "post", (0, 0), note("post"))
+    inline = graph.task("average", "inline", (1, 0), note("average"), deps=(posted,))
+    graph.task("after", "compute", (2, 0), note("after"), deps=(inline,))
+    executor.add(graph)
+    assert graph.finished.wait(5)
+    executor.close()
+    here = threading.current_thread().name
+    assert ran == {"post": here, "average": here, "after": "casync-compute"}
+
+
 def test_framed_size_finds_the_payload_in_a_larger_buffer():
     c = hipress.codec("dgc", target="ref")
     payload = c.encode(ranks.data(0, 0, 5000))
