@@ -15,6 +15,7 @@ rank forms the same chunks and the same aggregator for each segment.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,8 +70,12 @@ class Entry:
         self.ptr = ptr
         self.memory = memory
         self.ready = ready
-        self.numel = numel(buf)
-        self.device = "cpu" if memory is None else str(memory.device)
+        if memory is None:  # the host's buffers are NumPy arrays
+            self.numel = buf.size
+            self.device = "cpu"
+        else:
+            self.numel = numel(buf)
+            self.device = str(memory.device)
 
 
 class Segment:
@@ -172,9 +177,14 @@ class Chunker:
         self.world = world
         self.chunk_elems = int(chunk_elems)
         self.coalesce = coalesce
-        self._open: dict[tuple[Plan, str], Chunk] = {}
-        #: a plan -> its chunk's plan (any K), whether it compresses, has owners, is a ring
-        self._keys: dict[Plan, tuple[Plan, bool, bool, bool]] = {}
+        #: open chunks by (id of their plan, device); the plans are ``_same``'s, whose
+        #: identity stands for their value, so no plan is hashed per tensor
+        self._open: dict[tuple[int, str], Chunk] = {}
+        #: id(plan) -> (plan, its chunk's plan (any K), whether it compresses, has owners,
+        #: is a ring); the plan is kept so that its id is not reused while it is here
+        self._routes: dict[int, tuple[Plan, Plan, bool, bool, bool]] = {}
+        #: one object per chunk plan: plans of several K that share chunks share it
+        self._same: dict[Plan, Plan] = {}
         #: each segment's owner, chosen when it is first seen and kept: the same
         #: aggregator every step, whatever order later steps submit in
         self.owners: dict[tuple[str, int, int], int] = {}
@@ -183,47 +193,61 @@ class Chunker:
         self._chunks = 0
 
     def add(self, entry: Any, plan: Plan) -> list[Chunk]:
-        """Cut ``entry`` (an ``Entry``, or anything with ``name``, ``numel`` and
-        ``pending``, as the simulator's tensors) into segments under ``plan``; returns
-        the chunks this closed."""
-        n = entry.numel
-        route = self._keys.get(plan)
-        if route is None:  # chunks mix any K
-            topology = plan.topology
-            route = self._keys[plan] = (Plan(topology, plan.algorithm, 1, plan.params),
-                                        plan.compress, topology in ("ps", "ring"),
-                                        topology == "ring")
-        same, compress, owned, ring = route
-        k = plan.partitions_for(n) if compress else 1
-        if n > k * self.chunk_elems:
-            k = -(-n // self.chunk_elems)
-        if ring:
-            k = max(k, min(self.world, n // RING_PIECE))
-        device = getattr(entry, "device", "cpu")  # a chunk's tensors share a device
-        key = (same, device)
-        entry.pending = k
-        chunk = self._open.get(key)
-        if k == 1:  # most tensors: one segment (0.8 us, against 1.25 through the loop)
-            if chunk is None:
-                chunk = self._open[key] = Chunk(same, device=device)
-            chunk.segments.append(Segment(entry, 0, n, self._owner((entry.name, 0, n), n)
-                                          if owned else 0))
-            chunk.numel += n
-            if chunk.numel >= self.chunk_elems or not self.coalesce:
-                return [self._close(key)]
-            return []
-        closed = []
-        for sl in partition(n, k):
-            lo, hi = sl.start, sl.stop
-            if chunk is None:
-                chunk = self._open[key] = Chunk(same, device=device)
-            owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
-            chunk.segments.append(Segment(entry, lo, hi, owner))
-            chunk.numel += hi - lo
-            if chunk.numel >= self.chunk_elems or not self.coalesce:
-                closed.append(self._close(key))
-                chunk = None
+        """Cut ``entry`` (an ``Entry``, or anything with its ``name``, ``numel``,
+        ``device`` and ``pending``, as the simulator's tensors) into segments under
+        ``plan``; returns the chunks this closed."""
+        return self.add_many((entry,), (plan,))
+
+    def add_many(self, entries: Iterable[Any], plans: Iterable[Plan]) -> list[Chunk]:
+        """``add`` for each entry and its plan in turn, in one call: the chunks they
+        closed, in order. A step hands over its tensors in batches (a DDP bucket, a
+        step's gradients), and this loop is what a batch costs per tensor."""
+        closed: list[Chunk] = []
+        routes, opened, limit = self._routes, self._open, self.chunk_elems
+        for entry, plan in zip(entries, plans, strict=True):
+            route = routes.get(id(plan))
+            if route is None or route[0] is not plan:
+                route = self._route(plan)
+            _, same, compress, owned, ring = route
+            n = entry.numel
+            k = plan.partitions_for(n) if compress else 1
+            if n > k * limit:
+                k = -(-n // limit)
+            if ring:
+                k = max(k, min(self.world, n // RING_PIECE))
+            device = entry.device  # a chunk's tensors share a device
+            key = (id(same), device)
+            entry.pending = k
+            chunk = opened.get(key)
+            if k == 1:  # most tensors: one segment, without the loop below
+                if chunk is None:
+                    chunk = opened[key] = Chunk(same, device=device)
+                chunk.segments.append(Segment(entry, 0, n, self._owner((entry.name, 0, n), n)
+                                              if owned else 0))
+                chunk.numel += n
+                if chunk.numel >= limit or not self.coalesce:
+                    closed.append(self._close(key))
+                continue
+            for sl in partition(n, k):
+                lo, hi = sl.start, sl.stop
+                if chunk is None:
+                    chunk = opened[key] = Chunk(same, device=device)
+                owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
+                chunk.segments.append(Segment(entry, lo, hi, owner))
+                chunk.numel += hi - lo
+                if chunk.numel >= limit or not self.coalesce:
+                    closed.append(self._close(key))
+                    chunk = None
         return closed
+
+    def _route(self, plan: Plan) -> tuple[Plan, Plan, bool, bool, bool]:
+        """What ``add`` needs of ``plan``, worked out once per plan: chunks mix any K."""
+        topology = plan.topology
+        chunk_plan = Plan(topology, plan.algorithm, 1, plan.params)
+        same = self._same.setdefault(chunk_plan, chunk_plan)
+        route = self._routes[id(plan)] = (plan, same, plan.compress,
+                                          topology in ("ps", "ring"), topology == "ring")
+        return route
 
     def flush(self) -> list[Chunk]:
         """Close every open chunk, in the order they were opened."""
@@ -234,7 +258,7 @@ class Chunker:
         self._segments = 0
         self._chunks = 0
 
-    def _close(self, key: tuple[Plan, str]) -> Chunk:
+    def _close(self, key: tuple[int, str]) -> Chunk:
         chunk = self._open.pop(key)
         chunk.seq = self._chunks
         self._chunks += 1

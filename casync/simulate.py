@@ -98,6 +98,7 @@ class _Tensor:
     name: str
     numel: int
     pending: int = 0
+    device: str = "cpu"
 
 
 def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,

@@ -91,13 +91,6 @@ def _stage(tensor: Any) -> tuple[Any, bool, int, Memory | None]:
     Host float32 data is used in place (NumPy arrays and CPU tensors, as NumPy views). A
     CUDA tensor stays on its GPU: float32 in place, fp16/bf16/f64 upcast there."""
     global _TENSOR, _F32
-    # The common case first, in a few attribute reads: a submit per tensor per step makes
-    # this the engine's hottest Python (detach + view alone took 2 of its 3.5 us).
-    if (type(tensor) is _TENSOR and tensor.dtype is _F32 and tensor.is_cpu
-            and not tensor.requires_grad and tensor.is_contiguous()
-            and "cpu" not in DEVICE_TYPES):
-        flat = tensor.numpy()
-        return (flat if flat.ndim == 1 else flat.reshape(-1)), False, tensor.data_ptr(), None
     if isinstance(tensor, np.ndarray):
         if tensor.dtype == np.float32 and tensor.flags.c_contiguous \
                 and tensor.flags.writeable:
@@ -126,6 +119,22 @@ def _stage(tensor: Any) -> tuple[Any, bool, int, Memory | None]:
         raise ConfigError(f"CaSync takes CPU and CUDA tensors, not {t.device.type}")
     on_gpu = t.view(-1) if same else t.to(dtype=torch.float32).contiguous().view(-1)
     return on_gpu, not same, on_gpu.data_ptr(), memory_of(on_gpu)
+
+
+def _entry(name: str, tensor: Any, future: Any) -> Entry:
+    """``tensor`` staged (``_stage``) as the ``Entry`` of ``name`` that resolves
+    ``future``."""
+    # The common case first, in a few attribute reads and no tuple: an entry per tensor
+    # per step makes this the engine's hottest Python (detach + view alone took 2 of
+    # its 3.5 us).
+    if (type(tensor) is _TENSOR and tensor.dtype is _F32 and tensor.is_cpu
+            and not tensor.requires_grad and tensor.is_contiguous()
+            and "cpu" not in DEVICE_TYPES):
+        flat = tensor.numpy()
+        return Entry(name, tensor, flat if flat.ndim == 1 else flat.reshape(-1), False,
+                     future, 0, tensor.data_ptr())
+    buf, write_back, ptr, memory = _stage(tensor)
+    return Entry(name, tensor, buf, write_back, future, 0, ptr, memory)
 
 
 def _give_back(entry: Entry) -> None:
@@ -388,17 +397,19 @@ class Synchronizer:
         self._check_usable()
         if name in self._names:
             raise self._twice(name)
-        buf, write_back, ptr, memory = _stage(tensor)
+        entry = _entry(name, tensor, None)
+        memory = entry.memory
+        entry.future = _future(memory)
+        if memory is not None:
+            entry.ready = memory.ready_event()
         if not self._names:
             self._start()
         self._names.add(name)
-        entry = Entry(name, tensor, buf, write_back, _future(memory), 0, ptr, memory,
-                      memory.ready_event() if memory is not None else None)
         if self.size == 1:
             _give_back(entry)
             entry.future.set_result(tensor)
             return entry.future
-        self._queue(entry)
+        self._queue([entry])
         return entry.future
 
     def submit_many(self, tensors: Iterable[tuple[str, Any]]) -> Any:
@@ -428,28 +439,28 @@ class Synchronizer:
                 if name in seen:
                     raise self._twice(name)
                 seen.add(name)
-        staged = [_stage(tensor) for _, tensor in items]
-        memories = {m.device: m for *_, m in staged if m is not None}
-        gpus = sorted(d for d, m in memories.items() if m.cuda)
-        if len(gpus) > 1:  # one future's value is ordered on one engine stream
-            raise ConfigError(f"submit_many takes the tensors of one GPU, not of "
-                              f"{', '.join(gpus)}: call it once per device")
-        # One ordering event per device: it follows all the work queued so far.
-        events = {device: m.ready_event() for device, m in memories.items()}
-        future = _future(*memories.values())
-        batch = _Batch(future, [tensor for _, tensor in items])
+        batch = _Batch(None, [tensor for _, tensor in items])  # its future: below
+        entries = [_entry(name, tensor, batch) for name, tensor in items]
+        memories = {e.memory.device: e.memory for e in entries if e.memory is not None}
+        if memories:
+            gpus = sorted(d for d, m in memories.items() if m.cuda)
+            if len(gpus) > 1:  # one future's value is ordered on one engine stream
+                raise ConfigError(f"submit_many takes the tensors of one GPU, not of "
+                                  f"{', '.join(gpus)}: call it once per device")
+            # One ordering event per device: it follows all the work queued so far.
+            events = {device: m.ready_event() for device, m in memories.items()}
+            for entry in entries:
+                if entry.memory is not None:
+                    entry.ready = events[entry.memory.device]
+        future = batch.future = _future(*memories.values())
         if items and not self._names:
             self._start()
         self._names.update(names)
         if self.size == 1:
-            for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
-                                                                      strict=True):
-                _give_back(Entry(name, tensor, buf, write_back, batch, 0, ptr, memory))
+            for entry in entries:
+                _give_back(entry)
         else:
-            for (name, tensor), (buf, write_back, ptr, memory) in zip(items, staged,
-                                                                      strict=True):
-                self._queue(Entry(name, tensor, buf, write_back, batch, 0, ptr, memory,
-                                  events[memory.device] if memory is not None else None))
+            self._queue(entries)
         if self.size == 1 or not items:
             future.set_result(batch.tensors)
         return future
@@ -468,12 +479,13 @@ class Synchronizer:
         self._settle()
         self.health.progress(self.step)
 
-    def _queue(self, entry: Entry) -> None:
+    def _queue(self, entries: list[Entry]) -> None:
+        """Chunk ``entries`` and launch the chunks they fill, once all are placed."""
         if self._fit is not None:
-            self._seen.append((entry.name, entry.numel))
-        closed = self._chunker.add(entry, self.planner.plan(entry.name, entry.numel,
-                                                            self.size))
-        for chunk in closed:
+            self._seen.extend((entry.name, entry.numel) for entry in entries)
+        plan, size = self.planner.plan, self.size
+        for chunk in self._chunker.add_many(entries, [plan(e.name, e.numel, size)
+                                                      for e in entries]):
             self._launch(chunk)
 
     def flush(self) -> None:
@@ -561,24 +573,26 @@ class Synchronizer:
             finished = []
             with self._done:
                 for seg in chunk.segments:
-                    seg.entry.pending -= 1
-                    if seg.entry.pending == 0:
-                        finished.append(seg.entry)
-            batched = []
+                    entry = seg.entry
+                    entry.pending -= 1
+                    if entry.pending == 0:
+                        finished.append(entry)
+            batched: dict[_Batch, int] = {}  # a batch's entries this graph finished
             # On the engine's stream: a write-back copy and the future's event follow the
             # decodes.
             with link.memory.active():
                 for entry in finished:
                     _give_back(entry)
-                    if type(entry.future) is _Batch:
-                        batched.append(entry.future)
+                    future = entry.future
+                    if type(future) is _Batch:
+                        batched[future] = batched.get(future, 0) + 1
                     else:
-                        entry.future.set_result(entry.tensor)
+                        future.set_result(entry.tensor)
                 if batched:  # counted after the write-backs: other graphs finish too
                     complete = []
                     with self._done:
-                        for batch in batched:
-                            batch.left -= 1
+                        for batch, count in batched.items():
+                            batch.left -= count
                             if batch.left == 0:
                                 complete.append(batch)
                     for batch in complete:

@@ -157,14 +157,15 @@ def _two_gpus(sync: Any, named: list[tuple[str, Any]]) -> str:
         def ready_event(self) -> None:
             return None
 
-    stage, devices = synchronizer._stage, iter(["cuda:0", "cuda:1"])
-    synchronizer._stage = lambda tensor: (tensor, False, 0, Gpu(next(devices)))
+    entry, devices = synchronizer._entry, iter(["cuda:0", "cuda:1"])
+    synchronizer._entry = lambda name, tensor, future: synchronizer.Entry(
+        name, tensor, tensor, False, future, 0, 0, Gpu(next(devices)))
     try:
         sync.submit_many(named[:2])
     except Exception as exc:  # noqa: BLE001 - the test compares the message
         return f"{type(exc).__name__}: {exc}"
     finally:
-        synchronizer._stage = stage
+        synchronizer._entry = entry
     raise AssertionError("a batch of two GPUs was accepted")
 
 

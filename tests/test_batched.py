@@ -226,7 +226,7 @@ def test_batch_reuses_a_buffer_and_advances_the_step():
 
 class _Tensor:
     def __init__(self, name: str, numel: int) -> None:
-        self.name, self.numel, self.pending = name, numel, 0
+        self.name, self.numel, self.pending, self.device = name, numel, 0, "cpu"
 
 
 @pytest.mark.pure
@@ -244,6 +244,31 @@ def test_chunks_fill_to_their_size_and_keep_plans_apart():
     # every segment a payload; a tensor's segments are in order and cover it
     segs = [s for c in closed + rest for s in c.segments if s.entry.name == "c3"]
     assert [(s.lo, s.hi) for s in segs] == [(0, 300)]
+
+
+@pytest.mark.pure
+def test_a_batch_is_chunked_as_its_tensors_one_by_one():
+    """``add_many`` closes the same chunks as ``add`` per tensor; plans that differ only
+    in K, or are equal but distinct objects, fill one chunk."""
+    def layout(chunks: list) -> list:
+        return [(c.plan, c.seq, [(s.entry.name, s.lo, s.hi, s.owner) for s in c.segments])
+                for c in chunks]
+
+    sizes = [300, 10, 2500, 7, 0, 900, 1, 4000]
+    plans = [Plan("ps", "onebit", 1), Plan("none"), Plan("ps", "onebit", 2),
+             Plan("none", None, 3), Plan("none"), Plan("ps", "onebit", 1),
+             Plan("ring", "onebit", 1), Plan("ps", "onebit", 4)]
+    one, many = Chunker(world=3, chunk_elems=1000), Chunker(world=3, chunk_elems=1000)
+    by_one = [c for i, n in enumerate(sizes)
+              for c in one.add(_Tensor(f"t{i}", n), plans[i])] + one.flush()
+    batch = [_Tensor(f"t{i}", n) for i, n in enumerate(sizes)]
+    by_many = many.add_many(batch, plans) + many.flush()
+    assert layout(by_many) == layout(by_one)
+    assert [t.pending for t in batch] == [1, 1, 3, 1, 1, 1, 1, 4]
+    # ps plans of K 1, 2 and 4 share chunks: one chunk fills at a time
+    ps = [c for c in by_many if c.plan.topology == "ps"]
+    assert len(ps) == 6 and all(c.numel >= 1000 for c in ps)
+    assert len({id(c.plan) for c in ps}) == 1
 
 
 @pytest.mark.pure
