@@ -555,6 +555,12 @@ class Synchronizer:
         finally:
             self.executor.close()
             self.health.close()
+            if self.executor.error is None:
+                # The lanes drop their last tasks, and the tensors those reach, now: freed
+                # by a lane while the interpreter finalizes, a tensor aborts the process
+                # (casync.teardown). A failed engine's lanes may sit in Gloo instead;
+                # hipress.distributed cuts its connections before it waits for them.
+                self.executor.join(5.0)
 
     # -- graphs -------------------------------------------------------------------------
 

@@ -310,7 +310,10 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 
 def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
-    """Messages this rank sends per step for the same bytes in 10 or in 200 tensors."""
+    """Messages this rank sends per step for the same bytes in 10 or in 200 tensors, and
+    how many of the engine's objects its steps left to the cyclic garbage collector."""
+    import gc
+
     import torch
 
     from casync import StaticPlanner, Synchronizer, Transport
@@ -328,7 +331,7 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             self.sends += 1
             return super().allreduce(data)
 
-    counts, sent = {}, {}
+    counts, sent, cycles = {}, {}, {}
     for topo in args["topologies"]:
         algo = "none" if topo == "none" else args.get("algo", "onebit")
         for count in (10, 200):
@@ -338,21 +341,33 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                                                       min_compress=0), timeout=60)
             tensors = [torch.from_numpy(data(rank, i, 200_000 // count)) for i in range(count)]
             per_step = []
-            for _ in range(3):
-                before, bytes_before = transport.sends, transport.bytes_sent
-                for i, t in enumerate(tensors):
-                    t.copy_(torch.from_numpy(data(rank, i, t.numel())))
-                    sync.submit(f"t{i}", t)
-                sync.synchronize()
-                per_step.append(transport.sends - before)
-                sent[f"{topo}/{count}"] = transport.bytes_sent - bytes_before
+            gc.collect()
+            gc.disable()  # what the steps leave unreachable stays for the count below
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            try:
+                for _ in range(3):
+                    before, bytes_before = transport.sends, transport.bytes_sent
+                    for i, t in enumerate(tensors):
+                        t.copy_(torch.from_numpy(data(rank, i, t.numel())))
+                        sync.submit(f"t{i}", t)
+                    sync.synchronize()
+                    per_step.append(transport.sends - before)
+                    sent[f"{topo}/{count}"] = transport.bytes_sent - bytes_before
+                gc.collect()
+                cycles[f"{topo}/{count}"] = sorted(
+                    {type(o).__qualname__ for o in gc.garbage
+                     if type(o).__module__.startswith("casync")})
+            finally:
+                gc.garbage.clear()
+                gc.set_debug(0)
+                gc.enable()
             if algo != "none":
                 codec = sync.codec(sync.planner.plan("t0", tensors[0].numel(), sync.size))
                 sent[f"{topo}/{count}/payloads"] = sum(
                     codec.encode(data(rank, i, 200_000 // count)).size for i in range(count))
             sync.close()
             counts[f"{topo}/{count}"] = per_step
-    return {"counts": counts, "bytes": sent}
+    return {"counts": counts, "bytes": sent, "cycles": cycles}
 
 
 def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
