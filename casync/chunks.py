@@ -32,6 +32,9 @@ __all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
 #: ps) took 5-12 % less than with 4M-element chunks on 2 and 4 ranks, loopback and
 #: 1 Gbit/s links (docs/benchmarks.md).
 CHUNK_ELEMS = 16 << 20
+#: Plans whose routes a chunker keeps at most (a model's planner has a few; one that
+#: makes a new plan object per call must not grow the cache without bound).
+_ROUTES = 4096
 #: A ring cuts a tensor into up to N pieces of at least this many elements, one per run,
 #: so that a chunk of one large tensor still spreads over every hop.
 RING_PIECE = 65536
@@ -205,9 +208,7 @@ class Chunker:
         closed: list[Chunk] = []
         routes, opened, limit = self._routes, self._open, self.chunk_elems
         for entry, plan in zip(entries, plans, strict=True):
-            route = routes.get(id(plan))
-            if route is None or route[0] is not plan:
-                route = self._route(plan)
+            route = routes.get(id(plan)) or self._route(plan)
             _, same, compress, owned, ring = route
             n = entry.numel
             k = plan.partitions_for(n) if compress else 1
@@ -242,6 +243,8 @@ class Chunker:
 
     def _route(self, plan: Plan) -> tuple[Plan, Plan, bool, bool, bool]:
         """What ``add`` needs of ``plan``, worked out once per plan: chunks mix any K."""
+        if len(self._routes) >= _ROUTES:  # a planner that makes a new plan per call
+            self._routes.clear()
         topology = plan.topology
         chunk_plan = Plan(topology, plan.algorithm, 1, plan.params)
         same = self._same.setdefault(chunk_plan, chunk_plan)

@@ -6,7 +6,7 @@ from conftest import gradient
 from test_kernels_cpu import VARIANTS, adversarial, same_values
 
 import hipress
-from casync.chunks import Chunker, Entry
+from casync.chunks import _ROUTES, Chunker, Entry
 from casync.feedback import ErrorFeedback
 from casync.plan import Plan
 from compll.constants import FEEDBACK
@@ -269,6 +269,18 @@ def test_a_batch_is_chunked_as_its_tensors_one_by_one():
     ps = [c for c in by_many if c.plan.topology == "ps"]
     assert len(ps) == 6 and all(c.numel >= 1000 for c in ps)
     assert len({id(c.plan) for c in ps}) == 1
+
+
+@pytest.mark.pure
+def test_new_plan_objects_share_a_chunk_and_do_not_grow_the_chunker():
+    """A planner may build a new plan per call: equal plans still fill one chunk, and the
+    chunker keeps a bounded number of them."""
+    chunker = Chunker(world=2, chunk_elems=1 << 30)
+    count = 3 * _ROUTES
+    for i in range(count):
+        chunker.add(_Tensor(f"t{i}", 10), Plan("ps", "onebit", 1 + i % 2))
+    assert len(chunker._routes) <= _ROUTES
+    assert [c.numel for c in chunker.flush()] == [10 * count]
 
 
 @pytest.mark.pure
