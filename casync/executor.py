@@ -156,8 +156,9 @@ class Executor:
         transport: where sends, receives and allreduces are posted.
         timeout: seconds a single wait may take before the peer counts as dead.
         trace: record ``(lane, task, graph, start, end)`` for every task (tests, profiling),
-            and each compute task's work in ``ran``, in the order it ran (``bench sync``
-            times them again alone: the critical path of the engine's own graphs).
+            and each compute or inline task's work in ``ran``, in the order it ran
+            (``bench sync`` times them again alone: the critical path of the engine's own
+            graphs).
         waiters: threads on the communication lane. Gloo cannot poll a receive, so each
             waits on one; several keep a ps worker that waits for one result from
             holding up the uploads it must aggregate meanwhile (a convoy across ranks).
@@ -260,6 +261,8 @@ class Executor:
                 start = time.perf_counter()
                 handle = task.run() if task.run is not None else None
                 self._record(task.lane, task, start)
+                if task.lane == "inline" and self.trace is not None and task.run:
+                    self.ran.append(task.run)
             except BaseException as exc:  # noqa: BLE001 - reported through the futures
                 self._fail(describe_failure(task.graph, None, exc, self.timeout),
                            task.graph.step)

@@ -175,12 +175,13 @@ def test_the_diagnosis_blames_only_ranks_that_never_started_the_step():
 def test_an_inline_task_runs_on_the_thread_that_finished_its_input():
     """The inline lane (a small chunk's average) takes no hand-off: it runs where its
     input completed, here the thread that added the graph; a compute task after it runs
-    on the compute thread."""
+    on the compute thread. Both count as the graph's own work (``bench sync``'s critical
+    path re-runs ``ran``); a post does not."""
     import threading
 
     from casync.executor import Executor, Graph
 
-    executor = Executor(None, timeout=5.0)  # type: ignore[arg-type]
+    executor = Executor(None, timeout=5.0, trace=True)  # type: ignore[arg-type]
     ran: dict[str, str] = {}
 
     def note(name: str) -> object:
@@ -195,6 +196,10 @@ def test_an_inline_task_runs_on_the_thread_that_finished_its_input():
     executor.close()
     here = threading.current_thread().name
     assert ran == {"post": here, "average": here, "after": "casync-compute"}
+    ran.clear()
+    for work in executor.ran:
+        work()
+    assert sorted(ran) == ["after", "average"]
 
 
 def test_framed_size_finds_the_payload_in_a_larger_buffer():
