@@ -69,7 +69,8 @@ class Health:
 
         A helper thread posts it: the step does not wait for the store's round trip, and
         a dead store holds up only that thread. Only the newest step is posted, at most
-        once per ``POST_EVERY`` seconds; the diagnosis reads it a timeout later."""
+        once per ``POST_EVERY`` seconds; a failing rank reads it ``SETTLE`` seconds after
+        its failure (``diagnose``)."""
         if self.store is None:
             return
         with self._cv:
