@@ -14,7 +14,7 @@ from . import compiler, interpreter
 from .constants import FEEDBACK, MAX_ELEMENTS, SCALE_SUM
 from .ir import Program
 from .loaders import DECODE_ITEM, ENCODE_ITEM, load_kernel, payload_size_hint
-from .payload import framed_size
+from .payload import framed_size, nonfinite
 
 __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
@@ -230,7 +230,9 @@ class Codec:
                     values = values * np.float32(scale)
                 if dest is None:
                     return values
-                if accumulate or feedback:
+                if nonfinite(buf) and not feedback:
+                    dest[...] = np.nan  # the kernels write NaN, not out + NaN: same bits
+                elif accumulate or feedback:
                     dest += values
                 else:
                     dest[...] = values

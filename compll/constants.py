@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["SUM_CHUNK", "SUM_BLOCK", "SUM_LANES", "MAX_ELEMENTS", "HEADER_SIZE", "MAGIC",
            "VERSION", "ALIGN", "MAX_STAGED", "GRAIN", "GROUP_LIMIT", "BATCH_SMALL", "FEEDBACK",
-           "SCALE_SUM", "TOO_MANY", "header_text"]
+           "SCALE_SUM", "NONFINITE", "TOO_MANY", "header_text"]
 
 #: A float sum's defined order (``compll.interpreter._sum_f32``): chunks of SUM_CHUNK
 #: elements, each cut into blocks of SUM_BLOCK, each block summed in SUM_LANES lanes.
@@ -18,11 +18,15 @@ SUM_BLOCK = 512
 SUM_LANES = 32
 #: Elements one codec call takes: CompLL counts and indexes in u32.
 MAX_ELEMENTS = 2**32 - 1
-#: The payload header: magic "HP", format version, section count, algorithm id, n,
-#: seed and step (24 bytes), then a u64 size per section; sections are 8-byte aligned.
+#: The payload header: magic "HP", format version, section count, algorithm id, n (u32),
+#: flags (u32), seed and step (24 bytes), then a u64 size per section; sections are
+#: 8-byte aligned.
 HEADER_SIZE = 24
 MAGIC = b"HP"
-VERSION = 1
+VERSION = 2
+#: A payload header's flag: the encoded values held a NaN or an infinity. Every decoder
+#: then writes NaN, whatever the sections hold, so the signal survives any codec.
+NONFINITE = 1
 ALIGN = 8
 #: Packed arrays one fused pass unpacks into L1 chunk by chunk.
 MAX_STAGED = 4
@@ -53,4 +57,4 @@ def header_text() -> str:
         SUM_CHUNK=SUM_CHUNK, SUM_BLOCK=SUM_BLOCK, SUM_LANES=SUM_LANES,
         MAX_ELEMENTS=MAX_ELEMENTS, HEADER_SIZE=HEADER_SIZE, VERSION=VERSION,
         MAX_STAGED=MAX_STAGED, GRAIN=GRAIN, GROUP_LIMIT=GROUP_LIMIT, BATCH_SMALL=BATCH_SMALL,
-        FEEDBACK=FEEDBACK, SCALE_SUM=SCALE_SUM, TOO_MANY=TOO_MANY)
+        FEEDBACK=FEEDBACK, SCALE_SUM=SCALE_SUM, NONFINITE=NONFINITE, TOO_MANY=TOO_MANY)

@@ -19,7 +19,7 @@ from hipress_errors import PayloadError
 
 from . import ir, payload, rng
 from .builtins import BUILTINS, Kind
-from .constants import SUM_BLOCK, SUM_CHUNK, SUM_LANES
+from .constants import NONFINITE, SUM_BLOCK, SUM_CHUNK, SUM_LANES
 from .typing_rules import DTYPES, arith_elem, promote_one
 
 __all__ = ["Packed", "encode", "decode", "eval_constant", "SUM_CHUNK", "SUM_LANES", "SUM_BLOCK"]
@@ -499,7 +499,7 @@ def encode(program: ir.Program, x: np.ndarray, seed: int = 0, step: int = 0) -> 
     """Run ``encode`` on a 1-D float32 array; return the payload as uint8."""
     frame = _Frame(dict(program.param_values), seed & 0xFFFFFFFF, step & 0xFFFFFFFF)
     (gname, _), = program.encode.args
-    frame.env[gname] = np.ascontiguousarray(x, dtype=np.float32)
+    frame.env[gname] = g = np.ascontiguousarray(x, dtype=np.float32)
     frame.n = x.size
     ret = _run(frame, program.encode)
     sections = []
@@ -511,12 +511,15 @@ def encode(program: ir.Program, x: np.ndarray, seed: int = 0, step: int = 0) -> 
             else:
                 dtype = np.dtype(DTYPES[section.ty.elem]).newbyteorder("<")
                 sections.append(np.atleast_1d(cast(value, section.ty.elem)).astype(dtype))
-    return payload.build(program, x.size, frame.seed, frame.step, sections)
+    flags = 0 if np.isfinite(g).all() else NONFINITE
+    return payload.build(program, x.size, frame.seed, frame.step, sections, flags)
 
 
 def decode(program: ir.Program, data: np.ndarray, n: int) -> np.ndarray:
     """Validate a payload and run ``decode``; return ``n`` float32 values."""
     header, raw, counts = payload.parse(program, data, n)
+    if header.nonfinite:
+        return np.full(n, np.nan, dtype=np.float32)
     values: list[Any] = []
     for section, buf, count in zip(program.layout, raw, counts, strict=True):
         ty = section.ty

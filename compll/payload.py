@@ -4,10 +4,11 @@ Layout (all integers little-endian)::
 
     offset  size  field
     0       2     magic b"HP"
-    2       1     format version (1)
+    2       1     format version (2)
     3       1     number of sections S
     4       4     algorithm id (CRC-32 of the program name, source and parameters)
-    8       8     element count n
+    8       4     element count n
+    12      4     flags: NONFINITE (1) when the encoded values held a NaN or an infinity
     16      4     seed of the counter-based RNG
     20      4     step of the counter-based RNG
     24      8*S   byte size of each section
@@ -15,6 +16,12 @@ Layout (all integers little-endian)::
 
 ``parse`` validates every field against the buffer length and the program's layout
 before any section is read, and raises ``PayloadError`` on a mismatch.
+
+The NONFINITE flag is how a NaN or an infinity crosses any codec: encoders set it from
+the values they read (the gradient, or with error feedback the residual's sum), and a
+payload that carries it decodes to NaN in every element, whatever its sections say. A
+sparse or quantizing codec would otherwise drop the non-finite element (top-k ranks NaN
+below every number; a max ignores NaN), and AMP's loss scaler would never see it.
 """
 
 from __future__ import annotations
@@ -28,14 +35,15 @@ import numpy as np
 
 from hipress_errors import PayloadError
 
-from .constants import ALIGN, HEADER_SIZE, MAGIC, VERSION
+from .constants import ALIGN, HEADER_SIZE, MAGIC, NONFINITE, VERSION
 from .ir import Length, Program, Section, Type
 from .typing_rules import ITEMSIZE
 
-__all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "Header", "SizeRule", "algorithm_id", "build",
-           "parse", "header_size", "section_count", "framed_size", "fixed_count", "size_rule"]
+__all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "NONFINITE", "Header", "SizeRule", "algorithm_id",
+           "build", "nonfinite", "parse", "header_size", "section_count", "framed_size",
+           "fixed_count", "size_rule"]
 
-_HEAD = struct.Struct("<2sBBIQII")
+_HEAD = struct.Struct("<2sBBIIIII")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,12 @@ class Header:
     seed: int
     step: int
     sizes: tuple[int, ...]
+    flags: int = 0
+
+    @property
+    def nonfinite(self) -> bool:
+        """The encoded values held a NaN or an infinity: the payload decodes to NaN."""
+        return bool(self.flags & NONFINITE)
 
 
 @dataclass(frozen=True)
@@ -100,13 +114,13 @@ def header_size(sections: int) -> int:
 
 
 def build(program: Program, n: int, seed: int, step: int,
-          sections: Sequence[np.ndarray]) -> np.ndarray:
+          sections: Sequence[np.ndarray], flags: int = 0) -> np.ndarray:
     """Assemble header and section bytes into one uint8 payload."""
     sizes = [s.nbytes for s in sections]
     total = header_size(len(sections)) + sum(_pad(s) for s in sizes)
     out = np.zeros(total, dtype=np.uint8)
     view = out.data
-    _HEAD.pack_into(view, 0, MAGIC, VERSION, len(sections), algorithm_id(program), n,
+    _HEAD.pack_into(view, 0, MAGIC, VERSION, len(sections), algorithm_id(program), n, flags,
                     seed & 0xFFFFFFFF, step & 0xFFFFFFFF)
     struct.pack_into(f"<{len(sizes)}Q", view, HEADER_SIZE, *sizes)
     offset = header_size(len(sections))
@@ -139,6 +153,11 @@ def framed_size(buf: np.ndarray) -> int:
     if total > buf.size:
         raise PayloadError(f"the header declares {total} bytes but only {buf.size} arrived")
     return total
+
+
+def nonfinite(buf: np.ndarray) -> bool:
+    """Whether a payload (already validated) carries the NONFINITE flag."""
+    return bool(struct.unpack_from("<I", np.ascontiguousarray(buf[12:16]).data)[0] & NONFINITE)
 
 
 def section_count(section: Section, size: int, n: int) -> int:
@@ -180,7 +199,7 @@ def parse(program: Program, payload: np.ndarray, n: int) -> tuple[Header, list[n
         raise PayloadError(f"payload of {buf.size} bytes is shorter than the "
                            f"{HEADER_SIZE}-byte header")
     raw = np.ascontiguousarray(buf).data
-    magic, version, nsec, algo, count, seed, step = _HEAD.unpack_from(raw, 0)
+    magic, version, nsec, algo, count, flags, seed, step = _HEAD.unpack_from(raw, 0)
     if magic != MAGIC:
         raise PayloadError("not a HiPress payload (bad magic)")
     if version != VERSION:
@@ -191,6 +210,8 @@ def parse(program: Program, payload: np.ndarray, n: int) -> tuple[Header, list[n
                            f"{program.name} with {dict(program.param_values)}")
     if count != n:
         raise PayloadError(f"payload holds {count} elements but {n} were requested")
+    if flags & ~NONFINITE:
+        raise PayloadError(f"payload flags {flags:#x} are not ones this HiPress writes")
     if nsec != len(program.layout):
         raise PayloadError(f"payload has {nsec} sections; {program.name} writes "
                            f"{len(program.layout)}")
@@ -214,4 +235,4 @@ def parse(program: Program, payload: np.ndarray, n: int) -> tuple[Header, list[n
     for size in sizes:
         sections.append(buf[offset:offset + size])
         offset += _pad(size)
-    return Header(algo, count, seed, step, tuple(sizes)), sections, counts
+    return Header(algo, count, seed, step, tuple(sizes), flags), sections, counts

@@ -107,11 +107,13 @@ class CRenderer(ExprRenderer):
         # plain loads of r (a lazy r[i] + g[i] stopped GCC vectorising some encoders).
         self.emit("const float* g_in = g_ptr;")
         self.emit("if (r_ptr) g_ptr = r_ptr;")
+        self.emit("hp::Flag nonfinite;  // set by the first read of g, written to the header")
         self.emit(f"auto a_{self.safe(item.name)} = {self.lam}(uint64_t i) -> float "
                   "{ return g_ptr[i]; };")
 
-    def item_addresidual(self, item: sch.AddResidual) -> None:
-        self.emit(f"if (r_ptr) hp::add_into(r_ptr, g_in, n{self.settle});")
+    def item_takeinput(self, item: sch.TakeInput) -> None:
+        checks = "true" if item.checks else "false"
+        self.emit(f"hp::take_input(r_ptr, g_in, n, nonfinite.ptr(), {checks}{self.settle});")
 
     def item_scalar(self, item: sch.Scalar) -> None:
         c = self.scalars[item.name]
@@ -290,11 +292,17 @@ class CRenderer(ExprRenderer):
                       f"hp::Unpacks{{{fields}}},\n      {body});")
         self.pass_stage, self.pass_expand = [], []
 
+    @staticmethod
+    def watching(op: sch.Sum | sch.Extreme | sch.MinMax | sch.Store | sch.PackStore) -> str:
+        """The extra arguments of a reduction that also flags g (without a residual)."""
+        return ", r_ptr ? nullptr : g_in, nonfinite.ptr()" if op.watch else ""
+
     def op_sum(self, op: sch.Sum) -> str:
         c = self.scalars[op.out]
         if op.operand in FLOATS:
             fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
-            return f"hp::sum_f32{'<true>' if op.direct else ''}({fn}, &{c})"
+            return (f"hp::sum_f32{'<true>' if op.direct else ''}({fn}, &{c}"
+                    f"{self.watching(op)})")
         fn = self.keyed_fn(op.array, op.key, op.operand, staged=True)
         return f"hp::sum_int<{self.ctype(op.elem)}>({fn}, &{c})"
 
@@ -303,25 +311,30 @@ class CRenderer(ExprRenderer):
         is_max = "true" if op.kind == "max" else "false"
         if op.operand in FLOATS:
             fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
-            return f"hp::extreme_f32<{is_max}{', true' if op.direct else ''}>({fn}, &{c})"
+            return (f"hp::extreme_f32<{is_max}{', true' if op.direct else ''}>({fn}, &{c}"
+                    f"{self.watching(op)})")
         fn = self.keyed_fn(op.array, op.key, op.operand, staged=True)
         return f"hp::extreme_int<{is_max}, {self.ctype(op.operand)}>({fn}, &{c})"
 
     def op_minmax(self, op: sch.MinMax) -> str:
         fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
         lo, hi = self.scalars[op.lo], self.scalars[op.hi]
-        return f"hp::minmax_f32{'<true>' if op.direct else ''}({fn}, &{lo}, &{hi})"
+        return (f"hp::minmax_f32{'<true>' if op.direct else ''}({fn}, &{lo}, &{hi}"
+                    f"{self.watching(op)})")
 
     def op_store(self, op: sch.Store) -> str:
         fn = self.element_fn(op.value, op.elem, staged=True)
-        return f"hp::store<{self.ctype(op.elem)}>(sec[{op.section}], {fn})"
+        return f"hp::store<{self.ctype(op.elem)}>(sec[{op.section}], {fn}{self.watching(op)})"
 
     def op_packstore(self, op: sch.PackStore) -> str:
         fn = self.element_fn(op.value, op.elem, staged=True)
-        return f"hp::pack<{op.bits}>(sec[{op.section}], {fn})"
+        return f"hp::pack<{op.bits}>(sec[{op.section}], {fn}{self.watching(op)})"
 
-    def op_addresidualop(self, op: sch.AddResidualOp) -> str:
-        return f"hp::add_residual(r_ptr, g_in{self.settle})"
+    def op_takeinputop(self, op: sch.TakeInputOp) -> str:
+        return f"hp::take_input_op(r_ptr, g_in, nonfinite.ptr(){self.settle})"
+
+    def op_checkinputop(self, op: sch.CheckInputOp) -> str:
+        return "hp::check_input_op(r_ptr, g_in, nonfinite.ptr())"
 
     def op_writeout(self, op: sch.WriteOut) -> str:
         fn = self.element_fn(op.value, "f32", staged=True)
@@ -366,16 +379,20 @@ class CRenderer(ExprRenderer):
                   f"sz[{item.section}]);")
 
     def item_return(self, item: sch.Return) -> None:
-        self.emit("return (int64_t)total;" if self.kernel_fn == "encode" else "return 0;")
+        if self.kernel_fn == "encode":
+            self.emit("hp::mark_nonfinite(out, nonfinite);")
+            self.emit("return (int64_t)total;")
+        else:
+            self.emit("return 0;")
 
     # -- decode: validate, then evaluate ------------------------------------------------------
     def item_checksections(self, item: sch.CheckSections) -> None:
         layout = self.program.layout
         count = len(layout)
         self.emit(f"uint64_t sz[{count}];")
-        self.emit("uint32_t seed = 0, step = 0;")
+        self.emit("uint32_t seed = 0, step = 0, flags = 0;")
         self.emit(f"if (!hp::read_header(p, size, ALGO_ID, n, {count}, sz, &seed, &step, "
-                  "err, errcap)) return 1;")
+                  "&flags, err, errcap)) return 1;")
         self.emit(f"uint64_t cnt[{count}];")
         for k, section in enumerate(layout):
             ty = section.ty
@@ -412,6 +429,8 @@ class CRenderer(ExprRenderer):
             else:
                 groups[section.group] = k
         self.emit(f"if (!hp::check_total(size, {count}, sz, err, errcap)) return 1;")
+        # A payload of non-finite values decodes to NaN whatever its sections hold.
+        self.emit("if (flags & hp::NONFINITE) return hp::poison(out, n, feedback);")
         self.keys_at = len(self.lines)  # seed and step come from the header just read
 
     def fixed_count(self, length: ir.Length) -> str | None:
@@ -491,7 +510,7 @@ class CRenderer(ExprRenderer):
 
 
 #: loop ops that need no more than their own elements: they may run block by block
-_SPLIT = (sch.Store, sch.PackStore, sch.WriteOut, sch.AddResidualOp)
+_SPLIT = (sch.Store, sch.PackStore, sch.WriteOut, sch.TakeInputOp, sch.CheckInputOp)
 
 
 def _results(op: sch.LoopOp) -> list[tuple[str, str]]:
@@ -510,7 +529,8 @@ class CpuRenderer(CRenderer):
     target = "cpu"
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
-    options = sch.Options(direct_reductions=True, merged_extremes=True, fused_blocks=True)
+    options = sch.Options(direct_reductions=True, merged_extremes=True, fused_blocks=True,
+                          watch_in_loops=True)
     stage_expands = True
     settles = True
 

@@ -18,11 +18,11 @@ from .builtins import BUILTINS, Kind
 from .ir import show
 
 __all__ = ["Options", "Extent", "ArrayInfo", "Kernel", "Item", "LoopOp", "Pass", "Scalar",
-           "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce", "AddResidual",
+           "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce", "TakeInput",
            "EncodeInput", "PayloadSizes", "ScalarSection", "PackedSection", "CheckSections",
            "BindSections", "ScatterOut", "Return", "Sum", "Extreme", "MinMax", "Store",
-           "PackStore", "AddResidualOp", "WriteOut", "N", "extent_of", "shape", "calls",
-           "format_kernel"]
+           "PackStore", "TakeInputOp", "CheckInputOp", "WriteOut", "N", "extent_of", "shape",
+           "calls", "format_kernel"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Options:
     #: a blockwise reduction may run inside the next pass over its elements, per chunk
     #: (``Pass.prologue``)
     fused_blocks: bool = False
+    #: the non-finite flag of g may ride the loop of another op of its pass (``watch``)
+    watch_in_loops: bool = False
 
 
 # -- extents and arrays -------------------------------------------------------------------------
@@ -119,6 +121,9 @@ class Sum:
     operand: str
     elem: str  # the result's type
     direct: bool = False
+    #: also the non-finite flag of g, without a residual, in the same loop (``CheckInputOp``'s
+    #: work where a direct reduction reads every element anyway)
+    watch: bool = False
 
 
 @dataclass
@@ -132,6 +137,7 @@ class Extreme:
     operand: str
     elem: str
     direct: bool = False
+    watch: bool = False  # as ``Sum.watch``
 
 
 @dataclass
@@ -143,6 +149,7 @@ class MinMax:
     array: ir.Expr
     key: ir.Lambda | None
     direct: bool = False
+    watch: bool = False  # as ``Sum.watch``
 
 
 @dataclass
@@ -152,6 +159,7 @@ class Store:
     section: int
     value: ir.Expr
     elem: str
+    watch: bool = False  # as ``Sum.watch``
 
 
 @dataclass
@@ -162,11 +170,20 @@ class PackStore:
     value: ir.Expr
     elem: str
     bits: int
+    watch: bool = False  # as ``Sum.watch``
 
 
 @dataclass
-class AddResidualOp:
-    """Error feedback's ``r[i] += g[i]`` before the pass's other ops read element i."""
+class TakeInputOp:
+    """The encoder's first read of g: error feedback's ``r[i] += g[i]`` before the pass's
+    other ops read element i, and the payload's non-finite flag from the value read."""
+
+
+@dataclass
+class CheckInputOp:
+    """The non-finite flag from g when there is no residual (``TakeInputOp`` flags the sum
+    when there is): the pass's last op, so it reads a chunk the ops before it brought into
+    cache, instead of the first, which would wait on memory with nothing to overlap."""
 
 
 @dataclass
@@ -176,7 +193,7 @@ class WriteOut:
     value: ir.Expr
 
 
-LoopOp = Sum | Extreme | MinMax | Store | PackStore | AddResidualOp | WriteOut
+LoopOp = Sum | Extreme | MinMax | Store | PackStore | TakeInputOp | CheckInputOp | WriteOut
 
 
 # -- items --------------------------------------------------------------------------------------
@@ -259,8 +276,11 @@ class BlockReduce:
 
 
 @dataclass
-class AddResidual:
-    """Error feedback's ``r += g`` as a loop of its own."""
+class TakeInput:
+    """``TakeInputOp`` as a loop of its own; ``checks``: without a residual it also flags
+    g (no later pass over n does)."""
+
+    checks: bool = True
 
 
 @dataclass
@@ -316,7 +336,7 @@ class Return:
     pass
 
 
-Item = (Pass | Scalar | Lazy | Selection | Scatter | PackLet | BlockReduce | AddResidual
+Item = (Pass | Scalar | Lazy | Selection | Scatter | PackLet | BlockReduce | TakeInput
         | EncodeInput | PayloadSizes | ScalarSection | PackedSection | CheckSections
         | BindSections | ScatterOut | Return)
 
@@ -366,16 +386,23 @@ def _show_op(op: LoopOp) -> str:
         what = "sum" if isinstance(op, Sum) else op.kind
         key = f", key={show(op.key)}" if op.key is not None else ""
         direct = " direct" if op.direct else ""
-        return f"{op.out} = {what}({show(op.array)}{key}){direct}"
+        watch = ", and the non-finite flag of g" if op.watch else ""
+        return f"{op.out} = {what}({show(op.array)}{key}){direct}{watch}"
     if isinstance(op, MinMax):
         key = f", key={show(op.key)}" if op.key is not None else ""
-        return f"{op.lo}, {op.hi} = minmax({show(op.array)}{key}){' direct' if op.direct else ''}"
+        watch = ", and the non-finite flag of g" if op.watch else ""
+        return (f"{op.lo}, {op.hi} = minmax({show(op.array)}{key})"
+                f"{' direct' if op.direct else ''}{watch}")
     if isinstance(op, Store):
-        return f"section{op.section} <- {op.elem} {show(op.value)}"
+        watch = ", and the non-finite flag of g" if op.watch else ""
+        return f"section{op.section} <- {op.elem} {show(op.value)}{watch}"
     if isinstance(op, PackStore):
-        return f"section{op.section} <- pack{op.bits} {show(op.value)}"
-    if isinstance(op, AddResidualOp):
-        return "r += g"
+        watch = ", and the non-finite flag of g" if op.watch else ""
+        return f"section{op.section} <- pack{op.bits} {show(op.value)}{watch}"
+    if isinstance(op, TakeInputOp):
+        return "take g (r += g, non-finite flag of the sum)"
+    if isinstance(op, CheckInputOp):
+        return "non-finite flag of g (without a residual)"
     return f"out <- {show(op.value)}"
 
 
@@ -402,8 +429,9 @@ def _show_item(item: Item) -> list[str]:
         later = " (in the pass below)" if item.in_pass else ""
         return [f"barrier {names} = block {what}({show(item.array)}{key}, block={item.block})"
                 + direct + later]
-    if isinstance(item, AddResidual):
-        return ["r += g"]
+    if isinstance(item, TakeInput):
+        alone = ", or of g without a residual" if item.checks else ""
+        return [f"take g (r += g, non-finite flag of the sum{alone})"]
     if isinstance(item, EncodeInput):
         return [f"input {item.name}"]
     if isinstance(item, PayloadSizes):

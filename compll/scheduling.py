@@ -4,9 +4,9 @@ Three steps, each a function over the IR: ``_Builder`` writes every loop op as a
 its own in program order; ``fuse`` joins independent loop ops over one extent into one
 pass (a statement that needs a pass's results waits after it); ``merge_extremes`` turns
 a float min and max of the same elements into one ``MinMax`` (``merge_block_extremes``
-does the same for block reductions); and ``place_residual`` puts error feedback's
-``r += g`` before the first read of ``g``, as the first op of a pass over ``n`` where it
-can.
+does the same for block reductions); and ``place_input`` puts the encoder's first read of
+``g`` (error feedback's ``r += g`` and the payload's non-finite flag) before any other, as
+the first op of a pass over ``n`` where it can.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from .builtins import BUILTINS, Kind
 from .constants import SUM_CHUNK
 from .ir import FLOATS
 from .schedule import (
-    AddResidual,
-    AddResidualOp,
     ArrayInfo,
     BindSections,
     BlockReduce,
+    CheckInputOp,
     CheckSections,
     EncodeInput,
     Extent,
@@ -48,6 +47,8 @@ from .schedule import (
     Selection,
     Store,
     Sum,
+    TakeInput,
+    TakeInputOp,
     WriteOut,
     calls,
     extent_of,
@@ -55,7 +56,7 @@ from .schedule import (
 )
 
 __all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "fuse_blockwise",
-           "place_residual"]
+           "place_input"]
 
 
 # -- program order ------------------------------------------------------------------------------
@@ -471,31 +472,57 @@ def fuse_blockwise(items: list[Item], arrays: dict[str, ArrayInfo]) -> list[Item
     return out
 
 
-def place_residual(items: list[Item], early: bool) -> list[Item]:
-    """Put error feedback's ``r += g`` before the first read of g: as the first op of the
-    first pass when that pass runs over n, else as a loop of its own (first of all when
-    a gather may read any index)."""
+def place_input(items: list[Item], early: bool, cpu: bool = False) -> list[Item]:
+    """Put the encoder's first read of g (error feedback's ``r += g`` and the non-finite
+    flag of the sum) before any other read of g: as the first op of the first pass when
+    that pass runs over n, else as a loop of its own (first of all when a gather may read
+    any index). Without a residual the flag comes from g, as the last op of the first
+    pass over n (the chunk is then in cache), or, where no pass over n follows, in the
+    loop of its own."""
     out: list[Item] = []
     pending = not early
+    take: TakeInput | None = None
     for item in items:
         if early and isinstance(item, EncodeInput):
-            out.append(item)
-            out.append(AddResidual())
+            take = TakeInput()
+            out += [item, take]
             continue
         if pending:
             if isinstance(item, Pass):
                 if item.extent == N:
-                    item.ops.insert(0, AddResidualOp())
+                    item.ops.insert(0, TakeInputOp())
+                    _check_in(item, cpu)
                 else:
-                    out.append(AddResidual())
+                    take = TakeInput()
+                    out.append(take)
                 pending = False
             elif isinstance(item, (Selection, Scatter, PackLet, BlockReduce, Return)):
-                out.append(AddResidual())
+                take = TakeInput()
+                out.append(take)
                 pending = False
             elif isinstance(item, PayloadSizes):
                 item.residual_on_retry = True
+        elif take is not None and take.checks and isinstance(item, Pass) \
+                and item.extent == N:
+            _check_in(item, cpu)
+            take.checks = False
         out.append(item)
     return out
+
+
+def _check_in(item: Pass, cpu: bool) -> None:
+    """Give a pass over n the non-finite flag of g (for encodes without a residual). On
+    the CPU, in the loop of an op that reads every element anyway: a direct float
+    reduction (it waits on its adds' latency with vector units to spare), else a section
+    write; else (and on the GPU, where each op is a kernel) as the pass's last op."""
+    if cpu:
+        for kinds in ((Sum, Extreme, MinMax), (Store, PackStore)):
+            for op in reversed(item.ops):
+                if isinstance(op, kinds) and (not isinstance(op, (Sum, Extreme, MinMax))
+                                              or op.direct):
+                    op.watch = True
+                    return
+    item.ops.append(CheckInputOp())
 
 
 def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
@@ -511,7 +538,8 @@ def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
             items = fuse_blockwise(items, b.arrays)
         size_arg = ""
         if fn.name == "encode":
-            items = place_residual(items, early=calls(fn.body, "gather"))
+            items = place_input(items, early=calls(fn.body, "gather"),
+                                cpu=options.watch_in_loops)
         else:
             size_arg = fn.args[1][0]
         kernels.append(Kernel(fn.name, items, b.arrays, b.scalars, size_arg))

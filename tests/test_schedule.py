@@ -28,7 +28,8 @@ def test_minmax8_reads_g_twice_and_adds_the_residual_in_the_first_pass():
     assert kinds(encode) == ["EncodeInput", "Pass", "Scalar", "Lazy", "PayloadSizes", "Pass",
                              "ScalarSection", "ScalarSection", "Return"]
     first, second = (item for item in encode.items if isinstance(item, sch.Pass))
-    assert [type(op).__name__ for op in first.ops] == ["AddResidualOp", "MinMax"]
+    assert [type(op).__name__ for op in first.ops] == ["TakeInputOp", "MinMax"]
+    assert first.ops[1].watch  # the non-finite flag without a residual rides the minmax
     assert [type(op).__name__ for op in second.ops] == ["PackStore"]
     assert kinds(decode) == ["CheckSections", "BindSections", "Pass", "Return"]
 
@@ -54,7 +55,7 @@ def test_independent_reductions_share_a_pass_and_dependent_ones_wait():
 
 def test_a_gather_adds_the_residual_first_and_selections_write_in_one_pass():
     encode, _ = kernels(load("dgc"))
-    assert kinds(encode)[:2] == ["EncodeInput", "AddResidual"]
+    assert kinds(encode)[:2] == ["EncodeInput", "TakeInput"]
     stores = [item for item in encode.items if isinstance(item, sch.Pass)
               and any(isinstance(op, sch.Store) for op in item.ops)]
     assert len(stores) == 1 and len(stores[0].ops) == 2  # indices and values together
@@ -69,8 +70,8 @@ def test_a_payload_that_may_not_fit_keeps_r_plus_g_for_the_retry():
 def test_cuda_passes_merge_no_extremes():
     encode, _ = kernels(load("minmax8"), CudaRenderer)
     ops = [op for item in encode.items if isinstance(item, sch.Pass) for op in item.ops]
-    assert [type(op).__name__ for op in ops] == ["AddResidualOp", "Extreme", "Extreme",
-                                                 "PackStore"]
+    assert [type(op).__name__ for op in ops] == ["TakeInputOp", "Extreme", "Extreme",
+                                                 "CheckInputOp", "PackStore"]
 
 
 def test_hipress_dump_schedule_prints_it():
@@ -79,25 +80,63 @@ def test_hipress_dump_schedule_prints_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"HIPRESS_DUMP": "schedule", "PATH": ""}, check=True)
     assert "--- compll schedule ---" in out.stderr
-    assert "pass over n:\n      r += g\n      lo, hi = minmax(g) direct" in out.stderr
+    assert ("pass over n:\n      take g (r += g, non-finite flag of the sum)\n"
+            "      lo, hi = minmax(g) direct") in out.stderr
+
+
+@pytest.mark.parametrize("name,take,host,rider", [
+    ("onebit", "TakeInputOp", "the first pass", "Sum"),   # a direct reduction's loop
+    ("terngrad", "TakeInputOp", "the first pass", "Extreme"),
+    ("fp16", "TakeInputOp", "the first pass", "Store"),   # else a section write's
+    ("cgx", "TakeInput", "the pass over n", "PackStore"),  # a loop of its own, the check later
+    ("qsgd", "TakeInput", "the pass over n", "PackStore"),
+    ("dgc", "TakeInput", None, None),                     # no pass over n: the loop checks g
+    ("topk", "TakeInput", None, None),
+])
+def test_the_non_finite_flag_rides_a_pass_the_encoder_makes_anyway(name, take, host, rider):
+    """Without a residual the flag of g rides the loop of an op of a pass over n that
+    reads every element anyway (on the GPU: the pass's last op); only an encoder with no
+    such pass reads g once more for it."""
+    def riders(kernel):
+        over_n = [item for item in kernel.items if isinstance(item, sch.Pass)
+                  and item.extent.kind == "n"]
+        return over_n, [(p, op) for p in over_n for op in p.ops
+                        if getattr(op, "watch", False) or isinstance(op, sch.CheckInputOp)]
+
+    encode, _ = kernels(load(name))
+    takes = [item for item in encode.items if isinstance(item, sch.TakeInput)]
+    if take == "TakeInputOp":
+        assert not takes and isinstance(riders(encode)[0][0].ops[0], sch.TakeInputOp)
+    else:
+        assert len(takes) == 1 and takes[0].checks == (host is None)
+    over_n, found = riders(encode)
+    if host is None:
+        assert not found
+        return
+    assert [(p, type(op).__name__) for p, op in found] == [(over_n[0], rider)]
+    cuda, _ = kernels(load(name), CudaRenderer)
+    over_n, found = riders(cuda)
+    assert [(p, type(op).__name__) for p, op in found] == [(over_n[0], "CheckInputOp")]
+    assert over_n[0].ops[-1] is found[0][1]
 
 
 def test_cgx_runs_one_block_minmax_before_its_passes():
     encode, decode = kernels(load("cgx"), CudaRenderer)
-    assert kinds(encode) == ["EncodeInput", "AddResidual", "BlockReduce", "Scalar", "Lazy",
+    assert kinds(encode) == ["EncodeInput", "TakeInput", "BlockReduce", "Scalar", "Lazy",
                              "Lazy", "Lazy", "PayloadSizes", "Pass", "Pass", "Return"]
     (block,) = (item for item in encode.items if isinstance(item, sch.BlockReduce))
     assert (block.op, block.name, block.other, block.block) == ("min", "lo", "hi", 512)
     assert not block.in_pass
     blocks_pass, element_pass = (item for item in encode.items if isinstance(item, sch.Pass))
     assert blocks_pass.extent.kind == "blocks" and element_pass.extent.kind == "n"
-    assert [type(op).__name__ for op in element_pass.ops] == ["PackStore"]
+    assert [type(op).__name__ for op in element_pass.ops] == ["PackStore", "CheckInputOp"]
+    assert not element_pass.ops[0].watch  # on the GPU each op is a kernel: no loop to share
     assert kinds(decode) == ["CheckSections", "BindSections", "Pass", "Return"]
 
 
 def test_cgx_reduces_each_chunks_blocks_inside_its_element_pass_on_the_cpu():
     encode, _ = kernels(load("cgx"))
-    assert kinds(encode) == ["EncodeInput", "AddResidual", "BlockReduce", "Scalar", "Lazy",
+    assert kinds(encode) == ["EncodeInput", "TakeInput", "BlockReduce", "Scalar", "Lazy",
                              "Lazy", "Lazy", "PayloadSizes", "Pass", "Pass", "Return"]
     element_pass, blocks_pass = (item for item in encode.items if isinstance(item, sch.Pass))
     assert element_pass.extent.kind == "n" and element_pass.block == 512

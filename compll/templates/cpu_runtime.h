@@ -191,6 +191,33 @@ inline void eval_chunk(T* buf, uint64_t lo, uint64_t hi, const F& f, const S& st
 
 typedef double hp_d8 __attribute__((vector_size(64)));
 typedef float hp_f8 __attribute__((vector_size(32)));
+typedef uint32_t hp_u8 __attribute__((vector_size(32)));
+
+// A reduction that watches g (the non-finite flag without a residual) keeps, beside its
+// own lanes, the largest magnitude's bits of the eight elements of g at the same index;
+// a magnitude's bits reach the exponent's all-ones only for an infinity or a NaN.
+struct Watch {
+  const float* g = nullptr;  // null: not watching
+  uint32_t* flag = nullptr;
+  hp_u8 top{};
+  template <class I>
+  void vec(I at) {
+    hp_u8 u;
+    std::memcpy(&u, g + at, 32);
+    u &= 0x7FFFFFFFu;
+    top = top > u ? top : u;
+  }
+  template <class I>
+  void one(I at) {
+    const uint32_t m = hp_f2u(g[at]) & 0x7FFFFFFFu;
+    top[0] = top[0] > m ? top[0] : m;
+  }
+  void done() const {
+    uint32_t m = 0;
+    for (int l = 0; l < 8; ++l) m = top[l] > m ? top[l] : m;
+    if (m >= 0x7F800000u) __atomic_store_n(flag, 1u, __ATOMIC_RELAXED);
+  }
+};
 typedef uint8_t hp_u8x32 __attribute__((vector_size(32)));
 typedef char hp_i8x32 __attribute__((vector_size(32)));
 
@@ -211,8 +238,9 @@ typedef char hp_i8x32 __attribute__((vector_size(32)));
 // counted from lo.
 // I is the DIRECT loops' index: 32 bits in fused passes (see above); blockwise reductions
 // use 64, with which GCC keeps the eight loads of a vector one load inside their loop.
-template <bool DIRECT, class I = uint32_t, class F, class S>
-inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const S& st) {
+template <bool DIRECT, class I = uint32_t, bool WATCH = false, class F, class S>
+inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const S& st,
+                        Watch* watch = nullptr) {
   hp_d8 acc[4];
   for (hp_d8& a : acc) a = hp_d8{0, 0, 0, 0, 0, 0, 0, 0};
   for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
@@ -227,11 +255,15 @@ inline double sum_chunk(const F f, uint64_t lo, uint64_t hi, const S& st) {
           hp_f8 x;
           for (I l = 0; l < 8; ++l) x[l] = f(s32 + j + 8 * k + l, st);
           p[k] += x;
+          if constexpr (WATCH) watch->vec(s32 + j + 8 * k);
         }
       }
       // Only the chunk's last block can end in a partial group of 32: its elements
       // come last in their lanes.
-      for (I l = 0; whole + l < len; ++l) p[l / 8][l % 8] += f(s32 + (I)whole + l, st);
+      for (I l = 0; whole + l < len; ++l) {
+        p[l / 8][l % 8] += f(s32 + (I)whole + l, st);
+        if constexpr (WATCH) watch->one(s32 + (I)whole + l);
+      }
     } else {
       alignas(64) float buf[SUB_BLOCK];
       eval_chunk(buf, s, s + len, f, st);
@@ -266,10 +298,20 @@ struct SumF32 {
   static constexpr bool split = false;  // may run block by block
   F f;
   float* out;
+  const float* watch;  // g, when this sum also flags it (DIRECT only)
+  uint32_t* flag;
   std::vector<double> part;
   void start(uint64_t, int64_t chunks) { part.assign((size_t)chunks, 0.0); }
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
+    if constexpr (DIRECT) {
+      if (watch) {
+        Watch w{watch, flag};
+        part[(size_t)c] = sum_chunk<DIRECT, uint32_t, true>(this->f, lo, hi, st, &w);
+        w.done();
+        return;
+      }
+    }
     part[(size_t)c] = sum_chunk<DIRECT>(this->f, lo, hi, st);
   }
   void finish() {
@@ -279,7 +321,10 @@ struct SumF32 {
   }
 };
 template <bool DIRECT = false, class F>
-SumF32<F, DIRECT> sum_f32(F f, float* out) { return {f, out, {}}; }
+SumF32<F, DIRECT> sum_f32(F f, float* out, const float* watch = nullptr,
+                          uint32_t* flag = nullptr) {
+  return {f, out, watch, flag, {}};
+}
 
 // Integer and bool sums wrap modulo 2^32: every CompLL integer type has at most 32 bits,
 // so these are the low bits of the interpreter's exact sum. No buffer: the loop vectorises.
@@ -314,9 +359,10 @@ inline hp_f8 hp_vmax(hp_f8 v, hp_f8 a) { return v > a ? v : a; }
 
 // One chunk of ExtremeF32: the NaN-ignoring min (MIN) and max (MAX) of f over [lo, hi)
 // into bmin / bmax (still +-inf when every element is NaN); returns whether all are NaN.
-template <bool MIN, bool MAX, bool DIRECT, class I = uint32_t, class F, class S>
+template <bool MIN, bool MAX, bool DIRECT, class I = uint32_t, bool WATCH = false, class F,
+          class S>
 inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const S& st, float& min_out,
-                          float& max_out) {
+                          float& max_out, Watch* watch = nullptr) {
   // Four independent 8-lane accumulators per result, so the loop runs at load speed
   // rather than at the latency of one chain of compares. A NaN never wins a
   // comparison, so it is skipped with no extra work; max/min of the rest is order-free
@@ -343,9 +389,13 @@ inline bool extreme_chunk(const F f, uint64_t lo, uint64_t hi, const S& st, floa
         hp_f8 v;
         for (I l = 0; l < 8; ++l) v[l] = f(i + 8 * k + l, st);
         group(v, k);
+        if constexpr (WATCH) watch->vec(i + 8 * k);
       }
     }
-    for (; i < (I)hi; ++i) one((float)f(i, st));
+    for (; i < (I)hi; ++i) {
+      one((float)f(i, st));
+      if constexpr (WATCH) watch->one(i);
+    }
   } else {
     alignas(64) float buf[SUB_BLOCK];
     for (uint64_t s = lo; s < hi; s += SUB_BLOCK) {
@@ -384,6 +434,8 @@ struct ExtremeF32 {
   F f;
   float* lo_out;  // when MIN
   float* hi_out;  // when MAX
+  const float* watch;  // g, when this reduction also flags it (DIRECT only)
+  uint32_t* flag;
   std::vector<float> lo_part, hi_part;
   std::vector<uint8_t> all_nan;
   void start(uint64_t, int64_t chunks) {
@@ -393,6 +445,15 @@ struct ExtremeF32 {
   }
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t c, const S& st) {
+    if constexpr (DIRECT) {
+      if (watch) {
+        Watch w{watch, flag};
+        all_nan[(size_t)c] = extreme_chunk<MIN, MAX, DIRECT, uint32_t, true>(
+            this->f, lo, hi, st, lo_part[(size_t)c], hi_part[(size_t)c], &w);
+        w.done();
+        return;
+      }
+    }
     all_nan[(size_t)c] = extreme_chunk<MIN, MAX, DIRECT>(this->f, lo, hi, st,
                                                        lo_part[(size_t)c], hi_part[(size_t)c]);
   }
@@ -409,12 +470,16 @@ struct ExtremeF32 {
   }
 };
 template <bool IS_MAX, bool DIRECT = false, class F>
-ExtremeF32<!IS_MAX, IS_MAX, F, DIRECT> extreme_f32(F f, float* out) {
-  return {f, IS_MAX ? nullptr : out, IS_MAX ? out : nullptr, {}, {}, {}};
+ExtremeF32<!IS_MAX, IS_MAX, F, DIRECT> extreme_f32(F f, float* out,
+                                                   const float* watch = nullptr,
+                                                   uint32_t* flag = nullptr) {
+  return {f, IS_MAX ? nullptr : out, IS_MAX ? out : nullptr, watch, flag, {}, {}, {}};
 }
 template <bool DIRECT = false, class F>
-ExtremeF32<true, true, F, DIRECT> minmax_f32(F f, float* lo, float* hi) {
-  return {f, lo, hi, {}, {}, {}};
+ExtremeF32<true, true, F, DIRECT> minmax_f32(F f, float* lo, float* hi,
+                                             const float* watch = nullptr,
+                                             uint32_t* flag = nullptr) {
+  return {f, lo, hi, watch, flag, {}, {}, {}};
 }
 
 template <bool IS_MAX, class T, class F>
@@ -445,11 +510,33 @@ ExtremeInt<IS_MAX, T, F> extreme_int(F f, T* out) { return {f, out, {}}; }
 
 // Bit packing a chunk (little-endian: element i at bit i*BITS). Chunks start at
 // multiples of SUM_CHUNK elements, so at whole 64-bit words.
+// Evaluate f over [lo, hi) into dst[i - lo] as bytes (masked), and with WATCH also the
+// largest magnitude's bits of watch[lo, hi): the non-finite flag of g in the same loop.
+template <bool WATCH, class F, class S>
+inline uint32_t bytes_of(uint8_t* dst, uint8_t mask, uint64_t lo, uint64_t hi, const F& f,
+                         const S& st, const float* watch) {
+  uint32_t top = 0;
+  for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) {
+    dst[i - lo] = (uint8_t)((uint8_t)f(i, st) & mask);
+    if constexpr (WATCH) {
+      const uint32_t m = hp_f2u(watch[i]) & 0x7FFFFFFFu;
+      top = m > top ? m : top;
+    }
+  }
+  return top;
+}
+
+inline void raise_if(uint32_t top, uint32_t* flag) {
+  if (top >= 0x7F800000u) __atomic_store_n(flag, 1u, __ATOMIC_RELAXED);
+}
+
 template <int BITS, class F>
 struct Pack {
   static constexpr bool split = true;  // may run block by block
   uint8_t* dst;
   F f;
+  const float* watch;  // g, when this pack also flags it
+  uint32_t* flag;
   void start(uint64_t, int64_t) {}
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t, const S& st) {
@@ -459,13 +546,18 @@ struct Pack {
     uint8_t* out = dst + lo * BITS / 8;
     const F f = this->f;
     if (BITS == 8) {  // straight into the payload (a bounce buffer cost a memcpy per chunk)
-      for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) out[i - lo] = (uint8_t)f(i, st);
+      if (watch)
+        raise_if(bytes_of<true>(out, 0xFF, lo, hi, f, st, watch), flag);
+      else
+        bytes_of<false>(out, 0xFF, lo, hi, f, st, watch);
       return;
     }
     alignas(64) uint8_t v[SUM_CHUNK + 64];
     // one vectorised loop from element values to masked bytes
-    for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i)
-      v[i - lo] = (uint8_t)((uint8_t)f(i, st) & mask);
+    if (watch)
+      raise_if(bytes_of<true>(v, mask, lo, hi, f, st, watch), flag);
+    else
+      bytes_of<false>(v, mask, lo, hi, f, st, watch);
     for (uint64_t i = len; i < len + 64; ++i) v[i] = 0;
     uint64_t b = 0;
 #ifdef __AVX2__
@@ -503,7 +595,9 @@ struct Pack {
   void finish() {}
 };
 template <int BITS, class F>
-Pack<BITS, F> pack(uint8_t* dst, F f) { return {dst, f}; }
+Pack<BITS, F> pack(uint8_t* dst, F f, const float* watch = nullptr, uint32_t* flag = nullptr) {
+  return {dst, f, watch, flag};
+}
 
 // Store a lazily computed array of T into a payload section (8-byte aligned).
 template <class T, class F>
@@ -511,15 +605,32 @@ struct Store {
   static constexpr bool split = true;  // may run block by block
   uint8_t* dst;
   F f;
+  const float* watch;  // g, when this store also flags it
+  uint32_t* flag;
   void start(uint64_t, int64_t) {}
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t, const S& st) {
-    eval_chunk(reinterpret_cast<T*>(dst) + lo, lo, hi, f, st);
+    T* out = reinterpret_cast<T*>(dst) + lo;
+    if (!watch) {
+      eval_chunk(out, lo, hi, f, st);
+      return;
+    }
+    const F f = this->f;
+    const float* w = watch;
+    uint32_t top = 0;
+    for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) {
+      out[i - lo] = (T)f(i, st);
+      const uint32_t m = hp_f2u(w[i]) & 0x7FFFFFFFu;
+      top = m > top ? m : top;
+    }
+    raise_if(top, flag);
   }
   void finish() {}
 };
 template <class T, class F>
-Store<T, F> store(uint8_t* dst, F f) { return {dst, f}; }
+Store<T, F> store(uint8_t* dst, F f, const float* watch = nullptr, uint32_t* flag = nullptr) {
+  return {dst, f, watch, flag};
+}
 
 // The decoded tensor: out[i] = scale * f(i), or out[i] += scale * f(i) when
 // accumulating (a scale of 1 multiplies nothing, so values stay bit-exact), or, with
@@ -593,25 +704,114 @@ inline void add_into(float* r, const float* g, uint64_t n, const Settle& settle 
   }
 }
 
-// The same add as the first op of the encoder's first pass over its input: each chunk
-// is settled and added while the pass holds it in cache, and the ops after it read the sum.
-struct AddResidual {
+// ---- the encoder's first read of g, and the non-finite flag -------------------------------
+// The encoder's first read of its input adds g into the residual r (error feedback) and
+// notes whether any value it leaves for the encoder, r + g or g, is NaN or infinite:
+// the payload header then carries NONFINITE (mark_nonfinite) and every decoder writes NaN
+// (poison), so the signal crosses any codec. With a residual the flag reads what the add
+// just wrote; without one, the last op of the pass reads the chunk the other ops brought
+// into cache (CheckInput): a first op would wait on memory with nothing to overlap.
+struct Flag {
+  uint32_t v = 0;
+  uint32_t* ptr() { return &v; }
+};
+
+// Whether x[lo..hi) holds a NaN or an infinity: the largest magnitude's bits reach the
+// exponent's all-ones (an integer max: associative, so the loop vectorises).
+inline bool any_nonfinite(const float* x, uint64_t lo, uint64_t hi) {
+  uint32_t top = 0;
+  for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) {
+    const uint32_t m = hp_f2u(x[i]) & 0x7FFFFFFFu;
+    top = m > top ? m : top;
+  }
+  return top >= 0x7F800000u;
+}
+
+// Chunks run on several threads; any that finds a non-finite value stores the same 1 (a
+// relaxed atomic store, no read-modify-write).
+inline void raise_flag(uint32_t* flag) { __atomic_store_n(flag, 1u, __ATOMIC_RELAXED); }
+
+// One chunk of the take: settle, add, flag the sum; without r, flag g.
+inline void take_chunk(float* r, const float* g, uint32_t* flag, const Settle& settle,
+                       uint64_t lo, uint64_t hi) {
+  if (!r) {
+    if (any_nonfinite(g, lo, hi)) raise_flag(flag);
+    return;
+  }
+  settle(lo, hi);
+  uint32_t top = 0;
+  for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) {
+    const float v = r[i] + g[i];
+    r[i] = v;
+    const uint32_t m = hp_f2u(v) & 0x7FFFFFFFu;
+    top = m > top ? m : top;
+  }
+  if (top >= 0x7F800000u) raise_flag(flag);
+}
+
+// The take as a loop of its own (encoders whose first read of g is not a pass over n);
+// without r it flags g only when checks (else a later pass does, CheckInput).
+inline void take_input(float* r, const float* g, uint64_t n, uint32_t* flag, bool checks,
+                       const Settle& settle = Settle{}) {
+  if (!r && !checks) return;
+  const int64_t chunks = (int64_t)((n + SUM_CHUNK - 1) / SUM_CHUNK);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const uint64_t lo = (uint64_t)c * SUM_CHUNK;
+    take_chunk(r, g, flag, settle, lo, std::min(n, lo + SUM_CHUNK));
+  }
+}
+
+// The take as the first op of the encoder's first pass over its input: each chunk is
+// settled and added while the pass holds it in cache, and the ops after it read the sum.
+struct TakeInput {
   static constexpr bool split = true;  // may run block by block
   float* r;
   const float* g;
+  uint32_t* flag;
   Settle settle;
   void start(uint64_t, int64_t) {}
   template <class S>
   void chunk(uint64_t lo, uint64_t hi, int64_t, const S&) {
-    if (r) {
-      settle(lo, hi);
-      for (uint64_t i = lo; i < hi; ++i) r[i] = r[i] + g[i];
-    }
+    if (r) take_chunk(r, g, flag, settle, lo, hi);
   }
   void finish() {}
 };
-inline AddResidual add_residual(float* r, const float* g, const Settle& settle = Settle{}) {
-  return {r, g, settle};
+inline TakeInput take_input_op(float* r, const float* g, uint32_t* flag,
+                               const Settle& settle = Settle{}) {
+  return {r, g, flag, settle};
+}
+
+// The pass's last op: the flag of g when there is no residual.
+struct CheckInput {
+  static constexpr bool split = true;  // may run block by block
+  const float* r;
+  const float* g;
+  uint32_t* flag;
+  void start(uint64_t, int64_t) {}
+  template <class S>
+  void chunk(uint64_t lo, uint64_t hi, int64_t, const S&) {
+    if (!r && any_nonfinite(g, lo, hi)) raise_flag(flag);
+  }
+  void finish() {}
+};
+inline CheckInput check_input_op(const float* r, const float* g, uint32_t* flag) {
+  return {r, g, flag};
+}
+
+// The header of a payload just written says whether its values held a NaN or an inf.
+inline void mark_nonfinite(uint8_t* out, const Flag& f) {
+  if (f.v) std::memcpy(out + 12, &NONFINITE, 4);
+}
+
+// A NONFINITE payload's decode: NaN in every element (the canonical NaN, so every rank
+// holds the same bits whatever out held), or with feedback, a residual's update, 0: the
+// sum with NaN is not finite, and error feedback drops what is not.
+inline int poison(float* out, uint64_t n, int feedback) {
+  const float v = feedback ? 0.0f : HP_NAN;
+#pragma omp parallel for schedule(static) if (n >= BATCH_SMALL)
+  for (int64_t i = 0; i < (int64_t)n; ++i) out[i] = v;
+  return 0;
 }
 
 // A decoder's last step, its output pass (the whole of it for every shipped decoder). With
@@ -1106,8 +1306,8 @@ inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n,
 
 inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
                         uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
-                        char* err, uint64_t errcap) {
-  return parse_header(p, size, algo, n, nsec, sizes, seed, step, err, errcap);
+                        uint32_t* flags, char* err, uint64_t errcap) {
+  return parse_header(p, size, algo, n, nsec, sizes, seed, step, flags, err, errcap);
 }
 
 }  // namespace hp

@@ -485,15 +485,72 @@ inline void add_into(float* r, const float* g, uint64_t n) {
   k_add_into<<<blocks_for(n), THREADS, 0, stream()>>>(r, g, n);
   check(cudaGetLastError(), "add kernel");
 }
-// As an op of a pass (the CPU fuses it into the pass's loop; here it is one more kernel).
-struct AddResidual {
+// ---- the encoder's first read of g, and the non-finite flag (see cpu_runtime.h) ----------
+// r[i] += g[i] when there is a residual; any thread that meets a NaN or an infinity in the
+// value left for the encoder stores NONFINITE into the flag word (every writer stores the
+// same value, so the unordered stores need no atomic), which mark_nonfinite then copies
+// into the payload header on the device: no host round trip.
+__global__ inline void k_take_input(float* r, const float* g, uint64_t n, uint32_t* flag) {
+  uint32_t bad = 0;
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x) {
+    const float v = r ? __fadd_rn(r[i], g[i]) : g[i];
+    if (r) r[i] = v;
+    bad |= hp_isfinite(v) ? 0u : 1u;
+  }
+  if (bad) *flag = NONFINITE;
+}
+// Without r it flags g only when checks (else a later pass does, CheckInput).
+inline void take_input(float* r, const float* g, uint64_t n, uint32_t* flag,
+                       bool checks = true) {
+  if (!n || (!r && !checks)) return;
+  k_take_input<<<blocks_for(n), THREADS, 0, stream()>>>(r, g, n, flag);
+  check(cudaGetLastError(), "input kernel");
+}
+// The flag word, in device memory (zeroed when made).
+struct Flag {
+  buffer<uint32_t> word{1};
+  uint32_t* ptr() { return word.data(); }
+};
+// As ops of a pass (the CPU fuses them into the pass's loop; here each is one more
+// kernel): the take with a residual, first; the flag of g without one, last.
+struct TakeInput {
   float* r;
   const float* g;
+  uint32_t* flag;
   void run(uint64_t len, const Stage&) {
-    if (r) add_into(r, g, len);
+    if (r) take_input(r, g, len, flag);
   }
 };
-inline AddResidual add_residual(float* r, const float* g) { return {r, g}; }
+inline TakeInput take_input_op(float* r, const float* g, uint32_t* flag) { return {r, g, flag}; }
+struct CheckInput {
+  const float* r;
+  const float* g;
+  uint32_t* flag;
+  void run(uint64_t len, const Stage&) {
+    if (!r) take_input(nullptr, g, len, flag);
+  }
+};
+inline CheckInput check_input_op(const float* r, const float* g, uint32_t* flag) {
+  return {r, g, flag};
+}
+
+inline void mark_nonfinite(uint8_t* out, Flag& f) {
+  check(cudaMemcpyAsync(out + 12, f.ptr(), 4, cudaMemcpyDeviceToDevice, stream()),
+        "copy on device");
+}
+
+__global__ inline void k_fill(float* out, uint64_t n, float v) {
+  for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n;
+       i += (uint64_t)gridDim.x * blockDim.x)
+    out[i] = v;
+}
+// A NONFINITE payload's decode: NaN everywhere, or 0 for a residual's update (feedback).
+inline int poison(float* out, uint64_t n, int feedback) {
+  if (n) k_fill<<<blocks_for(n), THREADS, 0, stream()>>>(out, n, feedback ? 0.0f : HP_NAN);
+  check(cudaGetLastError(), "fill kernel");
+  return 0;
+}
 
 template <int BITS, class F>
 void pack_all(uint8_t* dst, uint64_t len, F f) {
@@ -685,9 +742,9 @@ inline void write_header(uint8_t* out, uint32_t nsec, uint32_t algo, uint64_t n,
 // The header is validated on a host copy of its first bytes.
 inline bool read_header(const uint8_t* p, uint64_t size, uint32_t algo, uint64_t n,
                         uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
-                        char* err, uint64_t errcap) {
+                        uint32_t* flags, char* err, uint64_t errcap) {
   const std::vector<uint8_t> h = to_host(p, std::min<uint64_t>(size, HEADER + 8ull * nsec));
-  return parse_header(h.data(), size, algo, n, nsec, sizes, seed, step, err, errcap);
+  return parse_header(h.data(), size, algo, n, nsec, sizes, seed, step, flags, err, errcap);
 }
 
 }  // namespace hp

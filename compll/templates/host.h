@@ -26,18 +26,20 @@ inline void fill_header(uint8_t* h, uint32_t nsec, uint32_t algo, uint64_t n, ui
   h[2] = FORMAT_VERSION;
   h[3] = (uint8_t)nsec;
   std::memcpy(h + 4, &algo, 4);
-  std::memcpy(h + 8, &n, 8);
+  const uint32_t n32 = (uint32_t)n, flags = 0;  // NONFINITE is set after the encode
+  std::memcpy(h + 8, &n32, 4);
+  std::memcpy(h + 12, &flags, 4);
   std::memcpy(h + 16, &seed, 4);
   std::memcpy(h + 20, &step, 4);
   std::memcpy(h + HEADER, sizes, 8 * nsec);
 }
 
 // Validate the fixed header fields of a payload of `size` bytes whose first
-// min(size, HEADER + 8 * nsec) bytes are at h (host memory); fill sizes, seed, step.
-// On a mismatch, return false with a message in err, before any section is read.
+// min(size, HEADER + 8 * nsec) bytes are at h (host memory); fill sizes, seed, step and
+// flags. On a mismatch, return false with a message in err, before any section is read.
 inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_t n,
                          uint32_t nsec, uint64_t* sizes, uint32_t* seed, uint32_t* step,
-                         char* err, uint64_t errcap) {
+                         uint32_t* flags, char* err, uint64_t errcap) {
   if (n > MAX_ELEMENTS) {
     fail(err, errcap, TOO_MANY);
     return false;
@@ -55,10 +57,10 @@ inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_
          h[2], FORMAT_VERSION);
     return false;
   }
-  uint32_t got_algo;
-  uint64_t got_n;
+  uint32_t got_algo, got_n;
   std::memcpy(&got_algo, h + 4, 4);
-  std::memcpy(&got_n, h + 8, 8);
+  std::memcpy(&got_n, h + 8, 4);
+  std::memcpy(flags, h + 12, 4);
   std::memcpy(seed, h + 16, 4);
   std::memcpy(step, h + 20, 4);
   if (got_algo != algo) {
@@ -67,6 +69,10 @@ inline bool parse_header(const uint8_t* h, uint64_t size, uint32_t algo, uint64_
   }
   if (got_n != n) {
     fail(err, errcap, "payload holds %llu elements but %llu were requested", got_n, n);
+    return false;
+  }
+  if (*flags & ~NONFINITE) {
+    fail(err, errcap, "payload flags %#llx are not ones this HiPress writes", *flags);
     return false;
   }
   if (h[3] != nsec) {
