@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Health"]
+__all__ = ["Health", "default_store"]
 
 _PREFIX = "hipress/health"
 #: Seconds between two progress posts at least: a post per step cost a short step about
@@ -24,7 +24,8 @@ POST_EVERY = 0.05
 SETTLE = 0.25
 
 
-def _default_store(group: Any) -> Any:
+def default_store(group: Any) -> Any:
+    """The c10d key-value store of ``group`` (None: the default group), or None."""
     try:  # not public API; without it the diagnosis is simply skipped
         from torch.distributed import distributed_c10d
 
@@ -57,7 +58,7 @@ class Health:
     def __init__(self, group: Any, rank: int, size: int, store: Any = None) -> None:
         self.rank = rank
         self.size = size
-        self.store = store if store is not None else _default_store(group)
+        self.store = store if store is not None else default_store(group)
         self._cv = threading.Condition()
         self._step = -1
         self._closed = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Hashable, Iterable
 from typing import Any
 
@@ -15,15 +16,17 @@ from compll.payload import VERSION, algorithm_id
 from hipress_errors import ConfigError, SyncError
 from hipress_version import __version__
 
+from . import lifecycle
 from .chunks import CHUNK_ELEMS, Chunk, Chunker, Entry
 from .devices import HostMemory, Link, Memory, memory_of
 from .executor import Executor, Graph
 from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context, slots
 from .health import Health
-from .plan import Plan, Planner, StaticPlanner
+from .plan import MIN_COMPRESS, Plan, Planner, StaticPlanner
 from .planner import CostPlanner
 from .profiler import cached
+from .settings import Settings, agree, default_timeout, publish_invalid
 from .simulate import Gradient
 from .state import load_state_dict as load_engine_state
 from .state import state_dict as engine_state
@@ -59,25 +62,56 @@ def _cuda_transport(choice: str | Transport | None) -> str | Transport:
     return "nccl" if nccl else "staged"
 
 
-def default_timeout() -> float:
-    """Seconds a peer may stay silent: ``HIPRESS_TIMEOUT``, else 300."""
-    raw = os.environ.get("HIPRESS_TIMEOUT", "300")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"HIPRESS_TIMEOUT={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise ConfigError(f"HIPRESS_TIMEOUT must be positive, not {value}")
-    return value
+def _settings(algorithm: str | None, topology: str, planner: Planner | str | None,
+              plan: str | None, min_compress: int | None, error_feedback: bool | None,
+              timeout: float | None, params: dict[str, Any]) -> Settings:
+    """The constructor's arguments, checked (``planner`` a ``Planner`` object, or a plan
+    name as the wrappers' ``plan=`` takes)."""
+    if planner is not None and not isinstance(planner, str):
+        if plan is not None or min_compress is not None:
+            raise ConfigError("pass a Planner as planner= or plan=/min_compress=, not both")
+        chosen = "static"
+    else:
+        if planner is not None and plan is not None and planner != plan:
+            raise ConfigError(f"planner={planner!r} and plan={plan!r} disagree; pass one")
+        chosen = plan if plan is not None else (planner if planner is not None else "static")
+    return Settings.of(algorithm, topology, chosen,
+                       MIN_COMPRESS if min_compress is None else min_compress,
+                       error_feedback, timeout, **params)
 
 
-def _future(*memories: Memory | None) -> Any:
-    """A future for tensors on ``memories``: CUDA-aware on GPUs (torch refuses CUDA values
-    in a CPU future; this one makes its waiters' streams wait for the engine's)."""
+_PENDING: Any = None  # the future class, made once torch is imported
+
+
+def _future(engine: Synchronizer, *memories: Memory | None) -> Any:
+    """A future for tensors on ``memories`` that sends its chunk when waited on: a tensor
+    waits in a chunk still filling until more tensors come or the step ends, and a
+    caller that waits first would wait forever. The send happens at the wait, a point of
+    the program every rank reaches in the same order, so the ranks' chunks stay equal.
+    CUDA-aware on GPUs (torch refuses CUDA values in a CPU future; this one makes its
+    waiters' streams wait for the engine's)."""
+    global _PENDING
+    if _PENDING is None:
+        import torch
+
+        class Pending(torch.futures.Future):
+            """A ``torch.futures.Future`` whose ``wait()`` first sends its chunk."""
+
+            _engine: Any = None
+
+            def wait(self) -> Any:
+                engine = self._engine() if self._engine is not None else None
+                if engine is not None and not self.done():
+                    engine.flush()
+                return super().wait()
+
+        _PENDING = Pending
     import torch
 
     devices: list[Any] = [torch.device(m.device) for m in memories if m is not None and m.cuda]
-    return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+    future = _PENDING(devices=devices) if devices else _PENDING()
+    future._engine = weakref.ref(engine)  # no cycle through the engine's entries
+    return future
 
 
 _TENSOR: Any = None  # torch.Tensor, once torch is imported (NumPy-only callers never do)
@@ -179,9 +213,11 @@ class Synchronizer:
     Args:
         algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
         topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``).
-        planner: decides per tensor: a ``Planner``; ``"static"`` (the default) for a
-            ``StaticPlanner`` over the above; ``"auto"`` for a ``CostPlanner`` on this
-            group's measured costs (profiled once at start-up, then cached).
+        planner: decides per tensor: a ``Planner``; or a plan name as ``plan`` takes.
+        plan: ``"static"`` (the default): a ``StaticPlanner`` over the above with
+            ``min_compress``; ``"auto"``: a ``CostPlanner`` on this group's measured costs
+            (profiled once at start-up, then cached). The wrappers' ``plan=``.
+        min_compress: static plans allreduce tensors below this many elements.
         error_feedback: keep residuals; ``None`` means on for biased algorithms only.
         group: the process group (Gloo); default the world.
         timeout: seconds before a silent peer raises ``SyncError``
@@ -198,6 +234,11 @@ class Synchronizer:
         trace: record task timings in ``executor.trace``.
         **params: parameters of ``algorithm``.
 
+    Raises:
+        ConfigError: a bad setting (at once, on this rank; the other ranks learn it at
+            their settings check), or ranks that disagree on one (every rank, naming it).
+        SyncError: a rank did not reach the settings check within ``timeout``.
+
     Example:
         >>> sync = Synchronizer("onebit", "ring")
         >>> futures = [sync.submit(n, p.grad) for n, p in model.named_parameters()]
@@ -206,32 +247,38 @@ class Synchronizer:
 
     _MAX_FITS = 3  # whole-model plans (CostPlanner.fit) per engine
 
-    def __init__(self, algorithm: str = "onebit", topology: str = "ps", *,
-                 planner: Planner | str | None = None, error_feedback: bool | None = None,
+    def __init__(self, algorithm: str | None = "onebit", topology: str = "ps", *,
+                 planner: Planner | str | None = None, plan: str | None = None,
+                 min_compress: int | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
                  chunk_elems: int = CHUNK_ELEMS, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  cuda_transport: str | Transport | None = None, nccl_group: Any = None,
                  trace: bool = False, **params: Any) -> None:
-        if isinstance(planner, str) and planner not in ("auto", "static"):
-            raise ConfigError(f"planner={planner!r}: give 'auto', 'static' or a Planner")
-        auto = planner == "auto" and algorithm not in (None, "none")
-        self.planner: Planner = planner if planner is not None and not isinstance(planner, str) \
-            else StaticPlanner(algorithm, topology, **params)
+        try:
+            self.settings = _settings(algorithm, topology, planner, plan, min_compress,
+                                      error_feedback, timeout, params)
+            if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, int) \
+                    or chunk_elems < 1:
+                raise ConfigError(f"chunk_elems must be an integer >= 1, not {chunk_elems!r}")
+            self.cuda_transport = _cuda_transport(cuda_transport)
+        except ConfigError as exc:
+            # the other ranks learn it at their settings check instead of waiting on this one
+            publish_invalid(exc, transport.group if transport is not None else group)
+            raise
+        settings = self.settings
+        given = planner is not None and not isinstance(planner, str)
+        self._auto = settings.plan == "auto" and settings.algorithm is not None and not given
+        self.planner: Planner = planner if given else StaticPlanner(  # type: ignore[assignment]
+            settings.algorithm, settings.topology, min_compress=settings.min_compress,
+            **dict(settings.params))
         self.error_feedback = error_feedback
-        self.timeout = default_timeout() if timeout is None else float(timeout)
-        if self.timeout <= 0:
-            raise ConfigError(f"timeout must be positive, not {self.timeout}")
-        if chunk_elems < 1:
-            raise ConfigError(f"chunk_elems must be at least 1, not {chunk_elems}")
+        self.timeout = settings.timeout
         self.chunk_elems = int(chunk_elems)
         self.seed = int(seed)
         self.target = target
         self.transport = transport if transport is not None else Transport(group)
         self.rank, self.size = self.transport.rank, self.transport.size
-        if auto:
-            cost = cached(self.transport, (algorithm,), target, engine=type(self))
-            self.planner = CostPlanner(cost, (algorithm,))
         self.step = 0
         self._codecs: dict[tuple[str, tuple[tuple[str, Any], ...]], Codec] = {}
         self._feedback: dict[str, ErrorFeedback] = {}
@@ -239,8 +286,6 @@ class Synchronizer:
         self._chunker = Chunker(self.size, self.chunk_elems)
         self._names: set[str] = set()
         self._done = threading.Lock()  # chunks finish on the executor's threads
-        # A planner that plans whole models (CostPlanner.fit) learns this step's tensors.
-        self._fit = getattr(self.planner, "fit", None) if self.size > 1 else None
         self._seen: list[tuple[str, int]] = []
         self._fitted: list[tuple[str, int]] | None = None
         self._fits = 0
@@ -248,17 +293,24 @@ class Synchronizer:
         self._previous: list[Graph] = []  # closed steps whose sends may be in flight
         self._pool: dict[Hashable, Any] = {}
         self._links: dict[str, Link] = {}
-        self.cuda_transport = _cuda_transport(cuda_transport)
         self._nccl_group = nccl_group
         self._device_transport: Transport | None = None
         self._rows: dict[Hashable, Any] = {}
-        self.algorithm = None if algorithm in (None, "none") else algorithm
-        self.topology = "none" if self.algorithm is None else topology
-        self.params = dict(params)
+        self.algorithm = settings.algorithm
+        self.topology = settings.topology
+        self.params = dict(settings.params)
+        # Compared before anything collective, the profiler of plan="auto" included: ranks
+        # that disagree then fail with the field named instead of meeting in a collective.
         self._check_agreement()
+        if self._auto and settings.algorithm is not None:
+            cost = cached(self.transport, (settings.algorithm,), target, engine=type(self))
+            self.planner = CostPlanner(cost, (settings.algorithm,))
+        # A planner that plans whole models (CostPlanner.fit) learns this step's tensors.
+        self._fit = getattr(self.planner, "fit", None) if self.size > 1 else None
         self.executor = Executor(self.transport, self.timeout, trace)
         self.health = Health(self.transport.group, self.rank, self.size)
         self.executor.explain = self._explain
+        lifecycle.register(self)  # closed before its group is destroyed, or at exit
 
     # -- configuration ------------------------------------------------------------------
 
@@ -342,35 +394,26 @@ class Synchronizer:
         self._settle()
 
     def _check_agreement(self) -> None:
-        """Every rank must run the same engine configuration; name the field that differs."""
+        """Every rank must run the same engine configuration; name the field that differs.
+        Settings that mean the same compare equal (``error_feedback=None`` is the codec's
+        default)."""
         fields: dict[str, Any] = {
             "hipress version": __version__,
             "payload format version": VERSION,
             "algorithm": self.algorithm,
             "topology": self.topology,
-            "error feedback": self.error_feedback,
+            "plan": "auto" if self._auto else repr(self.planner),
             "seed": self.seed,
-            "planner": repr(self.planner),
             "chunk elements": self.chunk_elems,
             "CUDA transport": self.cuda_transport if isinstance(self.cuda_transport, str)
             else type(self.cuda_transport).__name__,
         }
         if self.algorithm is not None:
             probe = self._probe()
+            fields["error feedback"] = self.settings.feedback_for(probe.unbiased)
             fields["algorithm parameters"] = probe.params
             fields["DSL hash"] = f"{algorithm_id(probe.program):08x}"
-        if self.size == 1:
-            return
-        gathered: list[Any] = [None] * self.size
-        self.transport.dist.all_gather_object(gathered, fields, group=self.transport.group)
-        reference = gathered[0]
-        for rank, other in enumerate(gathered):
-            for name in reference:
-                if other.get(name) != reference[name]:
-                    raise ConfigError(
-                        f"ranks disagree on {name}: rank 0 has {reference[name]!r}, rank "
-                        f"{rank} has {other.get(name)!r}; start every rank with the same "
-                        "HiPress version, algorithm and settings")
+        agree(fields, self.transport.group, self.rank, self.size, self.timeout)
 
     def _explain(self, error: SyncError, step: int) -> SyncError:
         """Publish what this rank saw fail in ``step``, then add what the others saw."""
@@ -399,7 +442,7 @@ class Synchronizer:
             raise self._twice(name)
         entry = _entry(name, tensor, None)
         memory = entry.memory
-        entry.future = _future(memory)
+        entry.future = _future(self, memory)
         if memory is not None:
             entry.ready = memory.ready_event()
         if not self._names:
@@ -452,7 +495,7 @@ class Synchronizer:
             for entry in entries:
                 if entry.memory is not None:
                     entry.ready = events[entry.memory.device]
-        future = batch.future = _future(*memories.values())
+        future = batch.future = _future(self, *memories.values())
         if items and not self._names:
             self._start()
         self._names.update(names)
@@ -547,12 +590,14 @@ class Synchronizer:
 
     def close(self) -> None:
         """Let the last step's messages leave, then stop the engine's threads (the
-        process group stays up). Call before destroying the process group."""
+        process group stays up). ``dist.destroy_process_group()`` and the interpreter's
+        exit call it for engines still open (``casync.lifecycle``)."""
         try:
             if self.executor.error is None:
                 self.end_step()
                 self._settle()
         finally:
+            lifecycle.forget(self)
             self.executor.close()
             self.health.close()
             if self.executor.error is None:

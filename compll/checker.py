@@ -9,6 +9,7 @@ reads back.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -563,10 +564,13 @@ def check(
             _signature_error(checker, item)
             funcs[item.name] = item
     if overrides:
-        known = ", ".join(p.name for p in params) or "none"
+        names = [p.name for p in params]
+        hints = [f"{bad!r}: did you mean {close[0]!r}?" for bad in sorted(overrides)
+                 if (close := difflib.get_close_matches(bad, names, 1))]
         raise ConfigError(
             f"{name}: unknown parameter(s) {', '.join(sorted(overrides))}; "
-            f"{name} takes: {known}"
+            f"{name} takes: {', '.join(names) or 'none'}"
+            + (f" ({'; '.join(hints)})" if hints else "")
         )
     checked_requires = []
     for req in requires:

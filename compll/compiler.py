@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from pathlib import Path
 from pprint import pformat
 from typing import Any
 
-from hipress_errors import ConfigError
+from hipress_errors import CompileError, ConfigError
 
 from . import ir
 from .checker import check
 from .parser import parse
 
 __all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "dump_stage", "load",
-           "load_source"]
+           "load_source", "read_source"]
 
 
 def dsl_dir() -> Path:
@@ -42,8 +43,10 @@ def algorithm_path(name_or_path: str | os.PathLike[str]) -> Path:
         return path
     path = dsl_dir() / f"{text}.cll"
     if not path.is_file():
+        close = difflib.get_close_matches(text, algorithms(), 1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(
-            f"unknown algorithm {text!r}; choose one of {', '.join(algorithms())} "
+            f"unknown algorithm {text!r}; {hint}choose one of {', '.join(algorithms())} "
             "or pass the path of a .cll file"
         )
     return path
@@ -92,7 +95,25 @@ def load_source(source: str, path: str = "<string>", name: str | None = None,
     return program
 
 
+def read_source(path: str | os.PathLike[str]) -> str:
+    """A ``.cll`` file's text.
+
+    Raises:
+        ConfigError: the file cannot be read.
+        CompileError: it is not UTF-8 text (a binary file, another encoding), at 1:1.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CompileError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                           f"{exc.start}); a .cll file is UTF-8", str(path), 1, 1) from None
+
+
 def load(name_or_path: str | os.PathLike[str], **params: Any) -> ir.Program:
     """Load a shipped algorithm by name, or a ``.cll`` file by path, and check it."""
     path = algorithm_path(name_or_path)
-    return load_source(path.read_text(), str(path), path.stem, params)
+    return load_source(read_source(path), str(path), path.stem, params)

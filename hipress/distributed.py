@@ -8,17 +8,17 @@ move data over ``torch.distributed`` (Gloo) through CaSync.
 from __future__ import annotations
 
 import os
-import time
 import weakref
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 
-from casync import StaticPlanner, Synchronizer
+from casync import Synchronizer, lifecycle
+from casync.lifecycle import let_gloo_release
 from casync.plan import MIN_COMPRESS
+from casync.settings import Settings, publish_invalid
 from casync.teardown import Connections
-from compll import algorithms
 
 from .errors import ConfigError
 from .hosts import free_port
@@ -129,7 +129,8 @@ class EngineOptions:
     validated where the user passes them, turned into an engine on first use.
 
     Args:
-        algorithm: a CompLL algorithm (``hipress.algorithms()``) or ``"none"``.
+        algorithm: a CompLL algorithm (``hipress.algorithms()``), a ``.cll`` path, or
+            ``"none"``.
         plan: ``"static"``: compress tensors of at least ``min_compress`` elements over
             ``topology``; ``"auto"``: the cost-model planner on costs profiled on this
             group at start-up.
@@ -140,22 +141,20 @@ class EngineOptions:
         **params: the algorithm's parameters (``ratio=0.001`` for dgc).
 
     Raises:
-        ValueError: an unknown algorithm, plan or topology, or a negative threshold.
+        ConfigError: a bad value (``casync.settings.Settings.of`` says which and why). In
+            a job that has joined its process group, the other ranks learn it too: their
+            engines fail at their settings check with this rank's message.
     """
 
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
                  min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
                  timeout: float | None = None, **params: Any) -> None:
-        if algorithm != "none" and algorithm not in algorithms():
-            raise ValueError(f"unknown algorithm {algorithm!r}; choose 'none' or one of "
-                             f"{', '.join(algorithms())}")
-        if plan not in ("static", "auto"):
-            raise ValueError(f"plan must be 'auto' (the cost-model planner) or 'static', "
-                             f"not {plan!r}")
-        if topology not in ("ps", "ring", "allgather"):
-            raise ValueError(f"topology must be ps, ring or allgather, not {topology!r}")
-        if min_compress < 0:
-            raise ValueError(f"min_compress must be >= 0, not {min_compress}")
+        try:
+            self.settings = Settings.of(algorithm, topology, plan, min_compress,
+                                        error_feedback, timeout, **params)
+        except ConfigError as exc:
+            publish_invalid(exc)  # when the job has joined its process group
+            raise
         self.algorithm = algorithm
         self.plan = plan
         self.topology = topology
@@ -174,9 +173,8 @@ class EngineOptions:
         """A ``Synchronizer`` with these options on the plugin's group (joins it first)."""
         if not is_initialized():
             init()
-        planner: Any = "auto" if self.plan == "auto" else StaticPlanner(
-            self.algorithm, self.topology, min_compress=self.min_compress, **self.params)
-        return synchronizer(self.algorithm, topology=self.topology, planner=planner,
+        return synchronizer(self.algorithm, topology=self.topology, plan=self.plan,
+                            min_compress=self.min_compress,
                             error_feedback=self.error_feedback, timeout=self.timeout,
                             **self.params)
 
@@ -295,7 +293,7 @@ def shutdown() -> None:
     if _state["owns_group"] and not broken:
         destroy_process_group()
     else:
-        _let_gloo_release()
+        let_gloo_release()
     _state.update(group=None, initialized=False, owns_group=False)
 
 
@@ -341,25 +339,22 @@ def _at_exit() -> None:
     register(release)
 
 
-# How long the main thread lets go of the GIL before the interpreter may finalize.
-_GLOO_RELEASE_S = 0.05
-
-
-def _let_gloo_release() -> None:
-    """Give Gloo's worker threads the GIL to drop the work they finished.
-
-    A Gloo worker frees a finished collective's tensors after the caller has woken,
-    and freeing a tensor Python has seen takes the GIL. If the process exits before the
-    worker gets it, CPython ends that thread mid-destructor and the process aborts
-    ("terminate called without an active exception", pytorch/pytorch#179291). Those
-    workers are already queued on the GIL, so one short sleep lets them through.
-    """
-    time.sleep(_GLOO_RELEASE_S)
-
-
 def destroy_process_group() -> None:
     """``torch.distributed.destroy_process_group`` that is safe as a script's last step."""
     dist = _dist()
     if dist.is_initialized():
         dist.destroy_process_group()
-    _let_gloo_release()
+    let_gloo_release()
+
+
+def _group_destroyed(group: Any) -> None:
+    """A process group was destroyed (by the user or by ``shutdown``); casync closed the
+    engines on it: forget them, and the group if it was ours or the default one."""
+    if group is None or group is _state["group"]:
+        for engine in [e for e in list(_engines) if group is None
+                       or e.transport.group is group]:
+            _engines.discard(engine)
+        _state.update(group=None, initialized=False, owns_group=False)
+
+
+lifecycle.on_destroy(_group_destroyed)

@@ -245,6 +245,67 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return {"residuals": sum(len(ef) for ef in sync._feedback.values())}
 
 
+#: (elements, compressed) of the tensors the non-finite scenario synchronizes in one chunk:
+#: two compressed ones (the first is poisoned) and one below min_compress (allreduced)
+NONFINITE_TENSORS = [(6000, True), (5000, True), (300, False)]
+
+
+def nonfinite(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """For each algorithm and topology: a step where rank ``victim`` holds a NaN, +inf or
+    -inf in one element of tensors 0 and 2, then a clean step. Returns, per case, which
+    tensors came back holding a non-finite value in each of the two steps."""
+    import torch
+
+    from casync import StaticPlanner, Synchronizer
+
+    _stand_in(args)
+    victim = args["victim"]
+    found: dict[str, list[list[bool]]] = {}
+    for algo in args["algos"]:
+        for topo in TOPOLOGIES:
+            planner = StaticPlanner(algo, topo, min_compress=1000, partition_bytes=64 << 10)
+            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=1 << 16, timeout=60)
+            for kind, bad in (("nan", np.nan), ("+inf", np.inf), ("-inf", -np.inf)):
+                steps = []
+                for step in range(2):
+                    tensors = [torch.from_numpy(data(rank, i, n, step))
+                               for i, (n, _) in enumerate(NONFINITE_TENSORS)]
+                    if step == 0 and rank == victim:
+                        tensors[0][1234] = bad
+                        tensors[2][17] = bad
+                    sync.submit_many([(f"t{i}", t) for i, t in enumerate(tensors)])
+                    sync.synchronize()
+                    steps.append([not bool(torch.isfinite(t).all()) for t in tensors])
+                found[f"{algo}/{topo}/{kind}"] = steps
+            sync.close()
+    return {"found": found}
+
+
+def wait_first(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Wait on submit's and submit_many's futures before synchronize(); returns the
+    averages and the seconds each wait took."""
+    import torch
+
+    from casync import Synchronizer
+
+    sync = Synchronizer(args["algo"], "ps", min_compress=0, timeout=30)
+    waits, arrays = [], {}
+    for step in range(2):
+        a = torch.from_numpy(data(rank, 0, 5000, step))
+        start = time.monotonic()
+        sync.submit("a", a).wait()
+        waits.append(time.monotonic() - start)
+        b, c = (torch.from_numpy(data(rank, i, 3000, step)) for i in (1, 2))
+        start = time.monotonic()
+        sync.submit_many([("b", b), ("c", c)]).wait()
+        waits.append(time.monotonic() - start)
+        sync.synchronize()
+        arrays.update({f"{k}{step}": t.numpy() for k, t in (("a", a), ("b", b), ("c", c))})
+    sync.close()
+    np.savez(out / f"rank{rank}.npz", **arrays)
+    return {"waits": waits}
+
+
 def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Rank ``victim`` dies or stalls in step 2; the others report what they raised.
     Mode ``gone``: it dies, and the others start step 2 only once it is gone."""
@@ -273,18 +334,21 @@ def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 
 def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
-    """Rank 1 starts with a different setting; every rank reports the ConfigError."""
+    """Rank 1 starts with a different (or an invalid) setting; every rank reports what it
+    raised and how long it took."""
     from casync import Synchronizer
-    from hipress import ConfigError
+    from hipress import ConfigError, SyncError
 
     settings = dict(args["base"])
     if rank == 1:
         settings.update(args["changed"])
     algo = settings.pop("algorithm")
+    start = time.monotonic()
     try:
-        Synchronizer(algo, **settings)
-    except ConfigError as exc:
-        return {"error": str(exc)}
+        Synchronizer(algo, **settings).close()
+    except (ConfigError, SyncError) as exc:
+        return {"error": str(exc), "type": type(exc).__name__,
+                "after": time.monotonic() - start}
     return {"error": None}
 
 
@@ -424,8 +488,9 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             "gradients": 4 * steps * sum(sizes)}
 
 
-SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, fault, mismatch,
-                                                     pipeline, messages, auto_plan,
+SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, nonfinite,
+                                                     wait_first, fault,
+                                                     mismatch, pipeline, messages, auto_plan,
                                                      host_copies)}
 
 
@@ -546,8 +611,91 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return report
 
 
+def amp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """fp16 autocast with a real GradScaler through plain DDP, the comm hook or
+    DistributedOptimizer; in step ``overflow`` rank 1's loss is scaled to inf. Returns
+    the scale after every step and the parameters' digest."""
+    import torch
+    from torch import nn
+
+    import hipress.torch as hp
+
+    hp.init()
+    x, y = _digits()
+    report: dict[str, Any] = {}
+    for mode, algo in args["cases"]:
+        model = _mlp(64)
+        opt: Any = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        net: Any = model
+        if mode in ("ddp", "hook"):
+            net = nn.parallel.DistributedDataParallel(model)
+            if mode == "hook":
+                net.register_comm_hook(hp.HookState(algorithm=algo, min_compress=512),
+                                       hp.comm_hook)
+        else:
+            opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                          algorithm=algo, min_compress=512)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000)
+        gen = torch.Generator().manual_seed(100 + rank)
+        scales = []
+        for step in range(args["steps"]):
+            opt.zero_grad()
+            idx = torch.randint(0, len(x), (32,), generator=gen)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = nn.functional.cross_entropy(net(x[idx]), y[idx])
+            if step == args["overflow"] and rank == 1:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            if mode == "optimizer" and step % 2:  # the explicit form, every other step
+                scaler.unscale_(opt)
+                nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        report[f"{mode}/{algo}"] = {"scales": scales, "digest": _digest(model),
+                                    "finite": all(bool(torch.isfinite(p).all())
+                                                  for p in model.parameters())}
+    hp.shutdown()
+    return report
+
+
+def invalid_rank(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Rank 1 passes an invalid codec parameter to the hook's state or the optimizer;
+    every rank reports what it raised and how long it took."""
+    import torch
+    from torch import nn
+
+    import hipress.torch as hp
+    from hipress import ConfigError, SyncError
+
+    hp.init()
+    x, y = _digits()
+    model = _mlp(16)
+    params = {"ratio": 0} if rank == 1 else {}
+    start = time.monotonic()
+    try:
+        if args["mode"] == "hook":
+            net = nn.parallel.DistributedDataParallel(model)
+            net.register_comm_hook(hp.HookState(algorithm="dgc", min_compress=0, **params),
+                                   hp.comm_hook)
+            nn.functional.cross_entropy(net(x[:8]), y[:8]).backward()
+        else:
+            opt = hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                          named_parameters=model.named_parameters(),
+                                          algorithm="dgc", min_compress=0, **params)
+            nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
+            opt.step()
+    except (ConfigError, SyncError) as exc:
+        return {"type": type(exc).__name__, "error": str(exc),
+                "after": time.monotonic() - start}
+    finally:
+        hp.shutdown()
+    return {"error": None}
+
+
 def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
-    """What DistributedOptimizer says when zero_grad or backward come at the wrong time."""
+    """What DistributedOptimizer says of a second backward before step(); zero_grad()
+    after backward is fine (the gradients are averaged when backward returns)."""
     import torch
 
     import hipress.torch as hp
@@ -558,16 +706,16 @@ def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     opt = hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                   named_parameters=model.named_parameters(), algorithm="onebit")
     messages = {}
-    loss = torch.nn.functional.cross_entropy(model(x[:8]), y[:8])
-    loss.backward()
-    try:
-        opt.zero_grad()
-    except Exception as exc:  # noqa: BLE001
-        messages["zero_grad"] = f"{type(exc).__name__}: {exc}"
+    torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
     try:
         torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
     except Exception as exc:  # noqa: BLE001
         messages["backward"] = f"{type(exc).__name__}: {exc}"
+    try:
+        opt.zero_grad()
+    except Exception as exc:  # noqa: BLE001
+        messages["zero_grad"] = f"{type(exc).__name__}: {exc}"
+    torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
     opt.step()
     return messages
 
@@ -695,7 +843,7 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
     return {}
 
 
-SCENARIOS.update({f.__name__: f for f in (torch_plugin, misuse, torch_fault,
+SCENARIOS.update({f.__name__: f for f in (torch_plugin, amp, invalid_rank, misuse, torch_fault,
                                           torch_checkpoint)})
 
 

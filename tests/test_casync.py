@@ -393,6 +393,91 @@ def test_mismatched_configs_fail_at_init(tmp_path, changed, field):
 
 
 @pytest.mark.parallel
+def test_settings_are_compared_before_anything_collective(tmp_path):
+    """A plan that differs (the auto rank would start profiling) and an invalid setting on
+    one rank fail fast on every rank with a ConfigError naming the field or the rank;
+    settings that mean the same agree."""
+    timeout = 10
+    base = {"algorithm": "onebit", "topology": "ps", "timeout": timeout}
+    cases = [({"plan": "auto"}, "disagree on plan:"),
+             ({"min_compress": 0}, "disagree on plan:"),
+             ({"ratio": 0.5, "algorithm": "dgc"}, "disagree on algorithm:"),
+             ({"error_feedback": True}, None),      # onebit's default: the same engine
+             ({"bits": 9, "algorithm": "cgx"}, "rank 1's settings are invalid: cgx: bits")]
+    for n, (changed, expected) in enumerate(cases):
+        results = ranks.launch(2, "mismatch", tmp_path / str(n),
+                               {"base": base, "changed": changed},
+                               env={"HIPRESS_TIMEOUT": str(timeout)})
+        for rank, r in enumerate(results):
+            assert r["rc"] == 0, r["log"][-3000:]
+            if expected is None:
+                assert r["error"] is None, (changed, r["error"])
+                continue
+            assert r["type"] == "ConfigError", (changed, rank, r)
+            if rank == 1 and "invalid" in expected:  # its own construction said why
+                assert "cgx: bits must be 1 to 8" in r["error"], r["error"]
+            else:
+                assert expected in r["error"], (changed, rank, r["error"])
+            assert r["after"] < timeout + 10, (changed, rank, r["after"])
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("algo", ["none", "onebit"])
+def test_waiting_on_a_future_before_synchronize_sends_its_chunk(tmp_path, algo):
+    """A future's chunk was still filling; waiting on it sends it, on every rank at the
+    same point of the program, and the averages are those of every rank."""
+    results = ranks.launch(2, "wait_first", tmp_path, {"algo": algo})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+        assert max(r["waits"]) < 10, r["waits"]
+    for key, value in results[0]["arrays"].items():
+        assert value.tobytes() == results[1]["arrays"][key].tobytes(), key
+        if algo == "none":
+            step, index = int(key[1]), "abc".index(key[0])
+            n = 5000 if index == 0 else 3000
+            mean = np.mean([ranks.data(r, index, n, step) for r in range(2)], axis=0)
+            np.testing.assert_allclose(value, mean, rtol=1e-6, atol=1e-6)
+
+
+#: a codec a user might write, with no thought of NaN: its max ignores one, its cast
+#: turns one into 0, so only the engine's flag can carry it
+USER_CODEC = """\
+unbiased
+
+encode(g: f32[]) -> bytes:
+    let scale = reduce(g, max, key=abs)
+    let q = map(g, x -> if scale > 0.0 then i32(round(x / scale * 7.0)) + 8 else 8)
+    return concat(scale, pack(q, bits=4))
+
+decode(p: bytes, n: u32) -> f32[n]:
+    let scale: f32, q: u4[n] = extract(p)
+    return map(unpack(q), v -> f32(i32(v) - 8) * scale / 7.0)
+"""
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("world,device", [(2, None), (3, None), (2, "staged")])
+def test_a_non_finite_element_on_one_rank_reaches_every_rank(tmp_path, world, device):
+    """As with DDP: a NaN, +inf or -inf in one element of one rank's tensor leaves that
+    tensor non-finite on every rank, for every shipped codec, a user's .cll file and the
+    uncompressed path, in every topology; the other tensors of the chunk stay finite, and
+    the next step is finite again (no residual kept the value)."""
+    user = tmp_path / "mine4.cll"
+    user.write_text(USER_CODEC)
+    algos = [*hipress.algorithms(), str(user)]
+    results = ranks.launch(world, "nonfinite", tmp_path / "out",
+                           {"victim": world - 1, "algos": algos, "device": device})
+    for rank, r in enumerate(results):
+        assert r["rc"] == 0, f"rank {rank} failed:\n{r['log'][-3000:]}"
+    # step 0: tensors 0 (compressed) and 2 (allreduced) held the value; step 1 is clean
+    want = [[True, False, True], [False, False, False]]
+    for rank, r in enumerate(results):
+        assert len(r["found"]) == len(algos) * len(ranks.TOPOLOGIES) * 3
+        wrong = {case: got for case, got in r["found"].items() if got != want}
+        assert not wrong, f"rank {rank}: {wrong}"
+
+
+@pytest.mark.parallel
 @pytest.mark.parametrize("topology", ["ps", "ring", "allgather"])
 def test_encode_of_a_later_chunk_overlaps_earlier_communication(tmp_path, topology):
     results = ranks.launch(2, "pipeline", tmp_path, {"topology": topology})

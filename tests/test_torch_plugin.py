@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import ranks
+import torch
 from conftest import bench_module
 
 import hipress.torch as hp
@@ -22,16 +23,49 @@ ALGOS = ["onebit", "dgc", "terngrad", "fp16", "none"]
 # ---------------------------------------------------------------------------------- pure
 
 
-def test_hook_state_validates_its_arguments():
-    with pytest.raises(ValueError, match="unknown algorithm"):
-        hp.HookState(algorithm="sevenbit")
-    with pytest.raises(ValueError, match="plan must be 'auto'"):
-        hp.HookState(plan="learned")
+#: (settings, what the ConfigError says): each is refused where it is passed
+BAD_SETTINGS = [
+    ({"algorithm": "sevenbit"}, "unknown algorithm 'sevenbit'"),
+    ({"algorithm": "tern"}, "did you mean 'terngrad'"),
+    ({"plan": "dynamic"}, "plan must be one of static, auto"),
+    ({"topology": "tree"}, "topology must be one of ps, ring, allgather"),
+    ({"min_compress": -1}, "min_compress must be an integer >= 0"),
+    ({"timeout": 0}, "timeout must be a positive number"),
+    ({"timeout": float("nan")}, "timeout must be a positive number"),
+    ({"algorithm": "dgc", "ratio": 0}, "ratio must be in (0, 1]"),
+    ({"algorithm": "dgc", "ratio": 2}, "ratio must be in (0, 1]"),
+    ({"algorithm": "dgc", "ratio": float("nan")}, "ratio must be in (0, 1]"),
+    ({"algorithm": "dgc", "ratio": "0.1"}, "parameter ratio is f32"),
+    ({"algorithm": "dgc", "ratoi": 0.1}, "did you mean 'ratio'"),
+    ({"algorithm": "cgx", "bits": 0}, "bits must be 1 to 8"),
+    ({"algorithm": "cgx", "bits": 9}, "bits must be 1 to 8"),
+    ({"algorithm": "none", "ratio": 0.1}, "takes no parameters"),
+    ({"error_feedback": "yes"}, "error_feedback must be True, False or None"),
+]
+
+
+@pytest.mark.parametrize("settings,message", BAD_SETTINGS)
+def test_every_wrapper_refuses_a_bad_setting_at_construction(settings, message):
+    from casync import Synchronizer
+    from hipress import ConfigError
+
+    model = torch.nn.Linear(4, 2)
+    makers = [lambda: hp.HookState(**settings),
+              lambda: hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                              named_parameters=model.named_parameters(),
+                                              **settings),
+              lambda: Synchronizer(**settings)]
+    for make in makers:
+        with pytest.raises(ConfigError) as info:
+            make()
+        assert message in str(info.value), str(info.value)
+
+
+def test_hook_state_keeps_its_knobs():
     assert hp.HookState(plan="auto").plan == "auto"  # the cost-model planner
-    with pytest.raises(ValueError, match="topology"):
-        hp.HookState(topology="tree")
-    with pytest.raises(ValueError, match="min_compress"):
-        hp.HookState(min_compress=-1)
+    state = hp.HookState(algorithm="dgc", ratio=0.01, timeout=5)
+    assert state.options.settings.params == (("ratio", 0.01),)
+    assert state.options.settings.timeout == 5.0
 
 
 def test_hook_state_pickles_without_its_engine():
@@ -152,8 +186,67 @@ def test_optimizer_misuse_gets_actionable_errors(tmp_path):
     results = ranks.launch(2, "misuse", tmp_path)
     for r in results:
         assert r["rc"] == 0, r["log"][-3000:]
-        assert "zero_grad() was called after loss.backward()" in r["zero_grad"]
-        assert "backward_passes_per_step=1" in r["backward"]
+        assert "backward_passes_per_step=1" in r["backward"], r
+        assert "zero_grad" not in r, r
+
+
+@pytest.mark.parallel
+def test_grad_scaler_skips_an_overflow_on_every_rank_through_every_path(tmp_path):
+    """fp16 autocast with torch's GradScaler: an inf loss on one rank halves the scale on
+    every rank in the same step, as plain DDP does, through the comm hook and through
+    DistributedOptimizer (scaler.step alone, and with unscale_ and clipping first); the
+    ranks keep identical, finite parameters."""
+    algos = ["dgc", "terngrad", "topk", "cgx"]
+    cases = [["ddp", "none"]] + [[m, a] for m in ("hook", "optimizer") for a in algos]
+    results = ranks.launch(2, "amp", tmp_path, {"cases": cases, "steps": 5, "overflow": 2})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    want = results[0]["ddp/none"]["scales"]
+    assert want == [1024.0, 1024.0, 512.0, 512.0, 512.0]
+    for mode, algo in cases:
+        key = f"{mode}/{algo}"
+        assert [r[key]["scales"] for r in results] == [want, want], key
+        assert results[0][key]["digest"] == results[1][key]["digest"], key
+        assert results[0][key]["finite"], key
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("mode", ["hook", "optimizer"])
+def test_one_rank_with_an_invalid_setting_fails_every_rank_with_its_message(tmp_path, mode):
+    """The rank with ``ratio=0`` fails at construction; the other, whose settings are fine,
+    fails at its engine's settings check with a ConfigError that names rank 1 and quotes
+    it, well within the timeout: no raw Gloo error, no wait on the process group."""
+    results = ranks.launch(2, "invalid_rank", tmp_path, {"mode": mode},
+                           env={"HIPRESS_TIMEOUT": "20"})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+        assert r["type"] == "ConfigError", r
+        assert "ratio must be in (0, 1]" in r["error"], r["error"]
+        assert r["after"] < 20, r["after"]
+    assert "rank 1's settings are invalid" in results[0]["error"]
+
+
+#: kernel threads as a user's job has them: the abort needed a lane's OpenMP team alive
+EXIT_ENV = {"HIPRESS_THREADS": "2", "OMP_NUM_THREADS": "2"}
+EXITS = [("hook", "destroy", "dist")] * 3 + [("optimizer", "destroy", "dist")] * 2 + [
+    ("hook", "shutdown", "hp"), ("hook", "both", "hp"), ("hook", "reversed", "dist"),
+    ("hook", "neither", "dist"), ("optimizer", "neither", "hp"), ("optimizer", "both", "dist")]
+
+
+@pytest.mark.parallel
+@pytest.mark.parametrize("mode,ending,init", EXITS,
+                         ids=[f"{m}-{e}-{i}-{n}" for n, (m, e, i) in enumerate(EXITS)])
+def test_a_script_exits_0_whatever_it_calls_last(tmp_path, mode, ending, init):
+    """``dist.destroy_process_group()`` alone (PyTorch's DDP tutorial's last line; it
+    aborted about half the runs), ``hp.shutdown()``, both in either order, or neither:
+    every rank exits 0. The destroy case repeats: the abort was a race."""
+    results = ranks.launch(2, "torch", tmp_path, {"mode": mode, "ending": ending,
+                                                  "init": init},
+                           script=Path(__file__).parent / "exits.py", timeout=120,
+                           env=EXIT_ENV)
+    for r in results:
+        assert r["rc"] == 0 and r.get("trained"), r["log"][-3000:]
+        assert "terminate called" not in r["log"], r["log"][-3000:]
 
 
 def _run_example(tmp_path: Path, name: str, *args: str) -> dict:

@@ -42,6 +42,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - 
     ``load_state_dict()`` for HiPress's state in checkpoints. Compile with
     ``jit_compile=False``: XLA cannot compile the step that leaves TensorFlow.
 
+    Mixed precision: the loss scaler must look at averaged gradients, so that a NaN or an
+    Inf on one rank makes every rank skip the step. Wrap a ``LossScaleOptimizer`` (its
+    ``apply`` then runs after the average), or set the ``mixed_float16`` policy before
+    calling this: the optimizer is then wrapped in one here, and ``compile`` does not wrap
+    it again (a ``LossScaleOptimizer`` that ``compile`` put around this one would check
+    each rank's own gradients).
+
     Args:
         optimizer: any Keras 3 optimizer.
         algorithm, plan, topology, min_compress, error_feedback, timeout, **params:
@@ -53,6 +60,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - 
         ...               jit_compile=False)
     """
     averager = Averager(core.EngineOptions(algorithm, **options))
+    scaling = keras.optimizers.LossScaleOptimizer
+    if keras.config.dtype_policy().name == "mixed_float16" \
+            and not isinstance(optimizer, scaling):
+        optimizer = scaling(optimizer)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {"apply": _apply, "state_dict": _state_dict, "load_state_dict": _load_state_dict})
     wrapped = cls.from_config(optimizer.get_config())

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
+from hipress.errors import HiPressError
 
 __all__ = ["HookState", "comm_hook"]
 
@@ -45,6 +46,7 @@ class HookState:
         self._engine = core.LazyEngine(self.options)
         self.sync: Any = None
         self._step_futures: list[torch.futures.Future[Any]] | None = None
+        self._error: BaseException | None = None  # the engine did not start this step
         #: a parameter (by identity) -> its name in the engine, in the order DDP first
         #: handed them over: the same in every run, whatever its buckets are later
         self._param_names: dict[int, str] = {}
@@ -79,7 +81,7 @@ class HookState:
 
     def __getstate__(self) -> dict[str, Any]:
         # Engines, process groups, futures and object ids do not travel in pickles.
-        dropped = {"sync": None, "_step_futures": None, "_param_names": {},
+        dropped = {"sync": None, "_step_futures": None, "_error": None, "_param_names": {},
                    "_engine": core.LazyEngine(self.options)}
         return {k: v for k, v in self.__dict__.items() if k not in dropped} | dropped
 
@@ -97,8 +99,20 @@ class HookState:
             torch.autograd.Variable._execution_engine.queue_callback(self._check_step)
         self._step_futures.extend(futures)
 
+    def _failed(self, error: BaseException) -> torch.futures.Future[torch.Tensor]:
+        """A bucket's future when the engine could not start (ranks disagree on a
+        setting, one's was invalid): backward raises ``error`` itself, with its type."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_exception(error)
+        self._error = error
+        self._watch([])
+        return future
+
     def _check_step(self) -> None:
         futures, self._step_futures = self._step_futures or [], None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
         for future in futures:
             try:
                 future.wait()
@@ -118,7 +132,10 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     one message per peer and stage, one batched kernel call per encode or decode. Its
     gradients too small to compress go through one plain allreduce, in place.
     """
-    sync = state.synchronizer()
+    try:
+        sync = state.synchronizer()
+    except HiPressError as exc:
+        return state._failed(exc)
     buffer = bucket.buffer()
     grads = _views_into(buffer, bucket.gradients())
     if grads is None:

@@ -20,42 +20,59 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: list[tuple[str, torch.Tensor]],
                  backward_passes_per_step: int, options: core.EngineOptions) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
-        if backward_passes_per_step < 1:
-            raise ValueError("backward_passes_per_step must be at least 1")
+        if isinstance(backward_passes_per_step, bool) \
+                or not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
+            raise ConfigError(f"backward_passes_per_step must be an integer >= 1, not "
+                              f"{backward_passes_per_step!r}")
         self._passes = backward_passes_per_step
         names = [name for name, _ in named_parameters]
         if len(set(names)) != len(names):
             dups = sorted({n for n in names if names.count(n) > 1})
-            raise ValueError(f"named_parameters has duplicate names {dups}; pass "
+            raise ConfigError(f"named_parameters has duplicate names {dups}; pass "
                              "model.named_parameters() so every parameter has its own name")
         self._names = {p: name for name, p in named_parameters}
         unnamed = [p for g in self.param_groups for p in g["params"] if p not in self._names]
         if unnamed:
-            raise ValueError(f"{len(unnamed)} optimized parameters are missing from "
+            raise ConfigError(f"{len(unnamed)} optimized parameters are missing from "
                              "named_parameters; pass model.named_parameters() for the same "
                              "model the optimizer updates")
         self._sync = options.engine()
         self._counts: dict[torch.Tensor, int] = {}
-        self._submitted: set[torch.Tensor] = set()
+        self._submitted: set[torch.Tensor] = set()  # in flight in the engine
+        self._averaged: set[torch.Tensor] = set()  # hold the average, until step/zero_grad
+        self._queued = False  # the end-of-backward synchronization is queued
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for g in self.param_groups for p in g["params"] if p.requires_grad]
 
     def _on_grad(self, p: torch.Tensor) -> None:
-        if p in self._submitted:
+        if p in self._submitted or p in self._averaged:
             raise ConfigError(
                 f"the gradient of {self._names[p]!r} was computed more than "
-                f"backward_passes_per_step={self._passes} times before optimizer.step(); "
-                "call step() after every backward_passes_per_step backward passes, or raise "
-                "backward_passes_per_step")
+                f"backward_passes_per_step={self._passes} times before optimizer.step() "
+                "or zero_grad(); call step() after every backward_passes_per_step backward "
+                "passes, or raise backward_passes_per_step")
         self._counts[p] = self._counts.get(p, 0) + 1
         if self._counts[p] == self._passes:
             self._submitted.add(p)
             assert p.grad is not None
+            if not self._queued:
+                # Averages land before backward() returns, as with DDP: a GradScaler's
+                # unscale_/step and clip_grad_norm_ then read the same gradients on every
+                # rank (a rank that skipped step() for an overflow its peers did not see
+                # would leave them waiting).
+                self._queued = True
+                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
             self._sync.submit(self._names[p], p.grad)
 
+    def _end_backward(self) -> None:
+        self._queued = False
+        self.synchronize()
+
     def synchronize(self) -> None:
-        """Wait until every submitted gradient holds the average over ranks."""
+        """Wait until every submitted gradient holds the average over ranks. Backward
+        calls it when it ends; calling it again does nothing."""
         self._sync.synchronize()
+        self._averaged |= self._submitted
         self._counts.clear()
         self._submitted.clear()
 
@@ -68,7 +85,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"{self._passes} backward passes; call it once every "
                     f"{self._passes} passes")
             self.synchronize()
-        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+        result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+        self._averaged.clear()
+        return result
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state, with HiPress's (residuals, step, plan) under
@@ -89,11 +108,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._submitted:
             raise ConfigError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(); this is prohibited because the "
-                "gradients are still being synchronized. Move zero_grad() before backward() "
-                "or after step()")
+                "optimizer.zero_grad() was called while gradients were still being "
+                "synchronized (inside backward, or after a backward whose synchronization "
+                "failed); call it before backward() or after step()")
         super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
+        self._averaged.clear()  # a step GradScaler skipped ends here
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name
@@ -117,8 +136,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
         topology, error_feedback, timeout, **codec_params: as for ``casync.Synchronizer``.
 
     Returns:
-        An optimizer of a subclass of ``type(optimizer)``; ``step()`` first waits for
-        the averaged gradients.
+        An optimizer of a subclass of ``type(optimizer)``. Gradients are submitted as
+        backward produces them, and hold the average over ranks when ``backward()``
+        returns (as with DDP), so ``torch.amp.GradScaler`` (``scaler.step(opt)``, with or
+        without ``scaler.unscale_(opt)``) and ``clip_grad_norm_`` work unchanged: a NaN or
+        an Inf on any rank reaches every rank, which all skip the step together.
 
     Example:
         >>> opt = hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),

@@ -126,6 +126,89 @@ def _tf_mode(args: dict[str, Any], rank: int, mode: str, out: Path) -> dict[str,
             "digest": digest([v.numpy() for v in model.trainable_variables])}
 
 
+def tf_amp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """Keras's LossScaleOptimizer over averaged gradients: ``tape`` (DistributedGradientTape,
+    scale_loss, apply) and ``keras`` (model.fit under the mixed_float16 policy with
+    hp.DistributedOptimizer). In step ``overflow`` rank 1's loss is inf. Returns the loss
+    scale after each step and the weights' digest."""
+    import keras
+
+    import hipress.tensorflow as hp
+
+    hp.init()
+    report = {}
+    for mode in args["modes"]:
+        keras.config.set_dtype_policy("mixed_float16" if mode == "keras" else "float32")
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(WIDTH,
+                                                                         activation="relu"),
+                                  keras.layers.Dense(10, dtype="float32")])
+        run = _tf_amp_tape if mode == "tape" else _tf_amp_fit
+        scales = run(args, rank, model)
+        report[mode] = {"scales": scales,
+                        "digest": digest([v.numpy() for v in model.trainable_variables]),
+                        "finite": all(bool(np.isfinite(v.numpy()).all())
+                                      for v in model.trainable_variables)}
+    keras.config.set_dtype_policy("float32")
+    return report
+
+
+def _amp_batches(args: dict[str, Any], rank: int) -> tuple[Any, Any, list[np.ndarray]]:
+    xtr, ytr, _, _ = load_digits_split()
+    return xtr, ytr, batches(len(xtr), BATCH, rank, 2, 0)[:args["steps"]]
+
+
+def _tf_amp_tape(args: dict[str, Any], rank: int, model: Any) -> list[float]:
+    import keras
+    import tensorflow as tf
+
+    import hipress.tensorflow as hp
+
+    xtr, ytr, idx = _amp_batches(args, rank)
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05), initial_scale=1024.0)
+    scales = []
+    for step, sel in enumerate(idx):
+        with tf.GradientTape() as tape:
+            loss = ce(ytr[sel], model(xtr[sel], training=True))
+            if step == args["overflow"] and rank == 1:
+                loss = loss * float("inf")
+            scaled = opt.scale_loss(loss)
+        tape = hp.DistributedGradientTape(tape, algorithm=args["algo"])
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        scales.append(float(opt.dynamic_scale.numpy()))
+    return scales
+
+
+def _tf_amp_fit(args: dict[str, Any], rank: int, model: Any) -> list[float]:
+    import keras
+    import tensorflow as tf
+
+    import hipress.tensorflow as hp
+
+    xtr, ytr, idx = _amp_batches(args, rank)
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    boom = tf.Variable(1.0, trainable=False)
+    scales: list[float] = []
+
+    def loss_fn(y: Any, logits: Any) -> Any:
+        return ce(y, logits) * boom
+
+    def before(batch: int, logs: Any) -> None:
+        boom.assign(float("inf") if batch == args["overflow"] and rank == 1 else 1.0)
+
+    def after(batch: int, logs: Any) -> None:
+        scales.append(float(model.optimizer.dynamic_scale.numpy()))
+
+    opt = hp.DistributedOptimizer(keras.optimizers.SGD(0.05), algorithm=args["algo"])
+    model.compile(optimizer=opt, loss=loss_fn, jit_compile=False)
+    sel = np.concatenate(idx)
+    model.fit(xtr[sel], ytr[sel], batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[keras.callbacks.LambdaCallback(on_train_batch_begin=before,
+                                                        on_train_batch_end=after)])
+    return scales
+
+
 def _batch(rank: int, step: int, n: int) -> np.ndarray:
     return np.random.default_rng([rank, step]).integers(0, n, BATCH)
 
@@ -254,6 +337,53 @@ def mx_train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             "digest": digest([p.data().asnumpy() for p in params.values()])}
 
 
+def mx_amp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """MXNet's AMP (bfloat16 on the CPU) with its dynamic loss scaler, through hp.KVStore
+    and hp.DistributedTrainer: in step ``overflow`` rank 1's loss is inf. The scaler
+    checks the gradients after the trainer's allreduce. Returns the loss scale after each
+    step and the parameters' digest."""
+    import mxnet as mx
+    from mxnet import autograd, gluon
+    from mxnet.contrib import amp
+
+    import hipress.mxnet as hp
+
+    hp.init()
+    amp.init(target_dtype="bfloat16")
+    xtr, ytr, _, _ = load_digits_split()
+    report = {}
+    for mode in args["modes"]:
+        mx.random.seed(0)
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(WIDTH, activation="relu", in_units=64),
+                gluon.nn.Dense(10, in_units=WIDTH))
+        net.initialize(mx.init.Xavier())
+        params = net.collect_params()
+        if mode == "kvstore":
+            trainer = gluon.Trainer(params, "sgd", {"learning_rate": 0.05},
+                                    kvstore=hp.KVStore(algorithm=args["algo"]))
+        else:
+            trainer = hp.DistributedTrainer(params, "sgd", {"learning_rate": 0.05},
+                                            algorithm=args["algo"])
+        amp.init_trainer(trainer)
+        loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+        scales = []
+        for step, sel in enumerate(batches(len(xtr), BATCH, rank, 2, 0)[:args["steps"]]):
+            x, y = mx.nd.array(xtr[sel]), mx.nd.array(ytr[sel])
+            with autograd.record():
+                loss = loss_fn(net(x), y).mean()
+                if step == args["overflow"] and rank == 1:
+                    loss = loss * float("inf")
+                with amp.scale_loss(loss, trainer) as scaled:
+                    autograd.backward(scaled)
+            trainer.step(1)
+            scales.append(float(trainer._amp_loss_scaler._next_loss_scale))
+        data = [p.data().asnumpy().astype(np.float32) for p in params.values()]
+        report[mode] = {"scales": scales, "digest": digest(data),
+                        "finite": all(bool(np.isfinite(d).all()) for d in data)}
+    return report
+
+
 def mx_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """``tf_checkpoint`` for MXNet: a Gluon Trainer with hp.KVStore (``kvstore``) or
     hp.DistributedTrainer (``trainer``)."""
@@ -310,4 +440,4 @@ def mx_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 if __name__ == "__main__":
     main({"tf_train": tf_train, "mx_train": mx_train, "tf_checkpoint": tf_checkpoint,
-          "mx_checkpoint": mx_checkpoint})
+          "mx_checkpoint": mx_checkpoint, "tf_amp": tf_amp, "mx_amp": mx_amp})

@@ -66,6 +66,50 @@ def test_kvstore_is_registered_and_keeps_the_optimizer_local():
         hp.KVStore(algorithm="zip")
 
 
+def test_wrappers_reject_bad_options():
+    import mxnet as mx
+
+    import hipress.mxnet as hp
+    from hipress import ConfigError
+
+    params = mx.gluon.nn.Dense(2, in_units=3).collect_params()
+    cases = [({"algorithm": "zip"}, "unknown algorithm"), ({"topology": "star"}, "topology"),
+             ({"algorithm": "dgc", "ratio": 2}, "ratio must be"),
+             ({"algorithm": "cgx", "bits": 9}, "bits must be 1 to 8"),
+             ({"min_compress": -1}, "min_compress"), ({"timeout": 0}, "timeout")]
+    for settings, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            hp.KVStore(**settings)
+        with pytest.raises(ConfigError, match=message):
+            hp.DistributedTrainer(params, "sgd", {"learning_rate": 0.1}, **settings)
+
+
+@pytest.mark.parametrize("algo", ["dgc", "topk", "terngrad"])
+def test_the_amp_loss_scaler_skips_an_overflow_on_every_rank(tmp_path, algo):
+    """MXNet's AMP checks the gradients after the trainer's allreduce: an inf loss on rank
+    1 halves the scale on both ranks in the same step, through hp.KVStore and
+    hp.DistributedTrainer; the parameters stay identical and finite."""
+    results = launch(2, "mx_amp", tmp_path, {"modes": ["kvstore", "trainer"], "steps": 5,
+                                             "overflow": 2, "algo": algo},
+                     timeout=300, env={"HIPRESS_TIMEOUT": "30"}, script=SCENARIOS)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    want = [65536.0, 65536.0, 32768.0, 32768.0, 32768.0]
+    for mode in ("kvstore", "trainer"):
+        assert [r[mode]["scales"] for r in results] == [want, want], mode
+        assert results[0][mode]["digest"] == results[1][mode]["digest"], mode
+        assert results[0][mode]["finite"], mode
+
+
+@pytest.mark.parametrize("ending", ["destroy", "neither", "shutdown", "reversed"])
+def test_a_script_exits_0_whatever_it_calls_last(tmp_path, ending):
+    results = launch(2, "mx", tmp_path, {"ending": ending},
+                     script=SCENARIOS.parent.parent / "exits.py", timeout=300,
+                     env={"HIPRESS_THREADS": "2", "OMP_NUM_THREADS": "2"})
+    for r in results:
+        assert r["rc"] == 0 and r.get("trained"), r["log"][-3000:]
+
+
 def test_example_runs_under_the_launcher(tmp_path):
     import json
     import subprocess

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -62,14 +63,47 @@ def test_a_dead_or_stalled_rank_is_a_sync_error_and_a_clean_exit(tmp_path, mode,
 
 
 def test_wrappers_reject_bad_options():
+    import keras
     import tensorflow as tf
 
     import hipress.tensorflow as hp
+    from hipress import ConfigError
 
-    with pytest.raises(ValueError, match="unknown algorithm"):
-        hp.DistributedGradientTape(tf.GradientTape(), algorithm="zip")
-    with pytest.raises(ValueError, match="topology"):
-        hp.DistributedOptimizer(__import__("keras").optimizers.SGD(0.1), topology="star")
+    cases = [({"algorithm": "zip"}, "unknown algorithm"), ({"topology": "star"}, "topology"),
+             ({"algorithm": "dgc", "ratio": 0}, "ratio must be in (0, 1]"),
+             ({"algorithm": "dgc", "ratoi": 0.1}, "did you mean 'ratio'"),
+             ({"plan": "dynamic"}, "plan must be"), ({"timeout": -5}, "timeout")]
+    for settings, message in cases:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            hp.DistributedGradientTape(tf.GradientTape(), **settings)
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            hp.DistributedOptimizer(keras.optimizers.SGD(0.1), **settings)
+
+
+@pytest.mark.parametrize("algo", ["dgc", "topk", "terngrad"])
+def test_the_loss_scaler_skips_an_overflow_on_every_rank(tmp_path, algo):
+    """Keras's LossScaleOptimizer over averaged gradients, with a tape and under model.fit
+    with the mixed_float16 policy: an inf loss on rank 1 halves the scale on both ranks
+    in the same step, and the weights stay identical and finite."""
+    results = launch(2, "tf_amp", tmp_path,
+                     {"modes": ["tape", "keras"], "steps": 5, "overflow": 2, "algo": algo},
+                     timeout=300, env={"HIPRESS_TIMEOUT": "30"}, script=SCENARIOS)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    for mode, start in (("tape", 1024.0), ("keras", 32768.0)):
+        want = [start, start, start / 2, start / 2, start / 2]
+        assert [r[mode]["scales"] for r in results] == [want, want], mode
+        assert results[0][mode]["digest"] == results[1][mode]["digest"], mode
+        assert results[0][mode]["finite"], mode
+
+
+@pytest.mark.parametrize("ending", ["destroy", "neither", "shutdown", "reversed"])
+def test_a_script_exits_0_whatever_it_calls_last(tmp_path, ending):
+    results = launch(2, "tf", tmp_path, {"ending": ending},
+                     script=SCENARIOS.parent.parent / "exits.py", timeout=300,
+                     env={"HIPRESS_THREADS": "2", "OMP_NUM_THREADS": "2"})
+    for r in results:
+        assert r["rc"] == 0 and r.get("trained"), r["log"][-3000:]
 
 
 def test_example_runs_under_the_launcher(tmp_path):

@@ -1,0 +1,290 @@
+"""An engine's settings: validated where a user passes them, compared across ranks through
+the job's key-value store before anything collective runs.
+
+Every wrapper (the DDP hook's state, ``DistributedOptimizer``, TensorFlow's tape and Keras
+optimizer, MXNet's KVStore and trainer) and the ``Synchronizer`` itself build a
+``Settings`` from the user's arguments, so a bad value is a ``ConfigError`` at
+construction, with the same message everywhere. ``agree`` then compares the ranks'
+settings with store keys instead of a collective: a rank whose settings were invalid
+leaves its error there (``publish_invalid``), and a rank that never comes is named when
+the timeout runs out, so no rank meets a raw Gloo error or waits on the process group's
+own half-hour timeout.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import pickle
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from compll import load
+from hipress_errors import ConfigError, SyncError
+
+from .health import default_store
+from .plan import MIN_COMPRESS
+
+__all__ = ["Settings", "PLANS", "STRATEGIES", "default_timeout", "agree", "publish_invalid"]
+
+#: The topologies a user chooses (``none``, a plain allreduce, is algorithm "none").
+STRATEGIES = ("ps", "ring", "allgather")
+#: ``static``: a size threshold and one topology; ``auto``: the cost-model planner.
+PLANS = ("static", "auto")
+_PREFIX = "hipress/settings"
+#: Seconds a failing rank 0 keeps the job's store up for the others to read its error.
+_LINGER = 10.0
+
+
+def default_timeout() -> float:
+    """Seconds a peer may stay silent: ``HIPRESS_TIMEOUT``, else 300."""
+    raw = os.environ.get("HIPRESS_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"HIPRESS_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not value > 0 or math.isinf(value):
+        raise ConfigError(f"HIPRESS_TIMEOUT must be a positive number of seconds, not {raw}")
+    return value
+
+
+def _choice(what: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if isinstance(value, str) and value in allowed:
+        return value
+    close = difflib.get_close_matches(value, allowed, 1) if isinstance(value, str) else []
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"{what} must be one of {', '.join(allowed)}, not {value!r}{hint}")
+
+
+def _number(what: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{what} must be a number, not {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What an engine runs with, checked and normalised.
+
+    Attributes:
+        algorithm: a CompLL algorithm name or ``.cll`` path; None for plain allreduces.
+        topology: ``ps``, ``ring`` or ``allgather`` (``none`` when ``algorithm`` is None).
+        plan: ``static`` or ``auto``.
+        min_compress: static plans allreduce tensors below this many elements.
+        error_feedback: None (on for biased algorithms), True or False.
+        timeout: seconds a peer may stay silent.
+        params: the algorithm's parameter overrides, sorted by name.
+    """
+
+    algorithm: str | None
+    topology: str
+    plan: str
+    min_compress: int
+    error_feedback: bool | None
+    timeout: float
+    params: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, algorithm: str | None = "onebit", topology: str = "ps", plan: str = "static",
+           min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
+           timeout: float | None = None, **params: Any) -> Settings:
+        """Check every argument; the parameters against the algorithm's own declarations
+        (types, ranges, names, with a "did you mean" for a misspelled one).
+
+        Raises:
+            ConfigError: the first bad value, and why.
+            CompileError: ``algorithm`` is a ``.cll`` file that does not compile.
+        """
+        if algorithm is not None and not isinstance(algorithm, str):
+            raise ConfigError(f"algorithm must be a name or a .cll path, not {algorithm!r}")
+        algo = None if algorithm in (None, "none") else algorithm
+        topo = _choice("topology", topology, STRATEGIES)
+        chosen = _choice("plan", plan, PLANS)
+        if isinstance(min_compress, bool) or not isinstance(min_compress, int) \
+                or min_compress < 0:
+            raise ConfigError(f"min_compress must be an integer >= 0, not {min_compress!r}")
+        if error_feedback is not None and not isinstance(error_feedback, bool):
+            raise ConfigError(f"error_feedback must be True, False or None, not "
+                              f"{error_feedback!r}")
+        if timeout is None:
+            seconds = default_timeout()
+        else:
+            seconds = _number("timeout", timeout)
+            if not seconds > 0 or math.isinf(seconds):
+                raise ConfigError(f"timeout must be a positive number of seconds, not "
+                                  f"{timeout!r}")
+        if algo is None:
+            if params:
+                raise ConfigError(f"algorithm='none' takes no parameters, got "
+                                  f"{', '.join(sorted(params))}")
+            topo = "none"
+        else:
+            load(algo, **params)  # the algorithm's own checks: names, types, requires
+        return cls(algo, topo, chosen, int(min_compress), error_feedback, seconds,
+                   tuple(sorted(params.items())))
+
+    def feedback_for(self, unbiased: bool) -> bool:
+        """Whether residuals are kept for a codec: the setting, or biased codecs only."""
+        return (not unbiased) if self.error_feedback is None else self.error_feedback
+
+
+# -- agreement through the store ---------------------------------------------------------
+
+_slots = [0]  # the settings checks this process has made, in order
+_slots_lock = threading.Lock()
+
+
+def _next_slot() -> int:
+    """The number of this settings check: every rank counts its engines (and its invalid
+    settings) in the same order, so equal numbers meet in the store."""
+    with _slots_lock:
+        _slots[0] += 1
+        return _slots[0] - 1
+
+
+def _world_store() -> Any:
+    """The default group's store: one namespace whichever group an engine runs on (a
+    plugin's Gloo group may not exist yet when a rank's settings fail)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    return default_store(None)
+
+
+def _members(group: Any, size: int) -> list[int]:
+    """The global ranks of ``group``'s members, in group rank order."""
+    import torch.distributed as dist
+
+    if group is None:
+        return list(range(size))
+    return [int(dist.get_global_rank(group, r)) for r in range(size)]
+
+
+def publish_invalid(error: Exception, group: Any = None) -> None:
+    """Tell the other ranks that this rank's settings were invalid (the error's text), in
+    the slot of the settings check it will not make; nothing without a process group.
+    Rank 0, which hosts the job's store, keeps it up a little for them to read it."""
+    try:
+        import torch.distributed as dist
+
+        store = _world_store()
+        if store is None or dist.get_world_size() == 1:
+            return
+        rank, size = dist.get_rank(), dist.get_world_size()
+    except Exception:  # noqa: BLE001 - no group, no store: the others time out instead
+        return
+    slot = _next_slot()
+    try:
+        store.set(f"{_PREFIX}/{slot}/{rank}", pickle.dumps({"invalid": str(error)}))
+    except Exception:  # noqa: BLE001 - best effort: the others then time out
+        return
+    _linger(store, slot, rank, list(range(size)))
+
+
+def agree(fields: dict[str, Any], group: Any, rank: int, size: int, timeout: float) -> None:
+    """Compare ``fields`` with every other rank's, within ``timeout`` seconds.
+
+    Raises:
+        ConfigError: a field differs (named, with both values), or a rank's settings were
+            invalid (its message).
+        SyncError: a rank did not come within ``timeout``, or the store went away.
+    """
+    if size == 1:
+        return
+    store = _world_store()
+    if store is None:  # a group without a store we can reach: compare over the group
+        _agree_by_collective(fields, group, size)
+        return
+    members = _members(group, size)
+    me = members[rank]
+    slot = _next_slot()
+    keys = [f"{_PREFIX}/{slot}/{m}" for m in members]
+    try:
+        store.set(keys[rank], pickle.dumps(fields))
+        gathered = _gather(store, keys, members, timeout)
+    except ConfigError:  # a rank's settings were invalid
+        _read(store, slot, me)
+        _linger(store, slot, me, members)
+        raise
+    except SyncError:
+        _read(store, slot, me)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the store's host (rank 0) is gone
+        raise SyncError(f"the job's store (on rank 0) stopped answering while the ranks "
+                        f"compared settings: {exc}") from None
+    _read(store, slot, me)
+    try:
+        _compare(gathered, members)
+    except ConfigError:
+        _linger(store, slot, me, members)
+        raise
+
+
+def _read(store: Any, slot: int, me: int) -> None:
+    """Note that this rank has read (or given up on) ``slot``: rank 0 may stop hosting."""
+    try:
+        store.set(f"{_PREFIX}/{slot}/read/{me}", b"1")
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def _gather(store: Any, keys: list[str], members: list[int],
+            timeout: float) -> list[dict[str, Any]]:
+    seen: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        for r, key in enumerate(keys):
+            if r not in seen and store.check([key]):
+                seen[r] = pickle.loads(store.get(key))
+                if "invalid" in seen[r]:
+                    raise ConfigError(f"rank {members[r]}'s settings are invalid: "
+                                      f"{seen[r]['invalid']}")
+        if len(seen) == len(keys):
+            return [seen[r] for r in range(len(keys))]
+        if time.monotonic() > deadline:
+            missing = [str(members[r]) for r in range(len(keys)) if r not in seen]
+            raise SyncError(f"rank(s) {', '.join(missing)} did not reach HiPress's settings "
+                            f"check within {timeout:g} s (they failed before it, or create "
+                            "their engines in another order)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _compare(gathered: list[dict[str, Any]], members: list[int]) -> None:
+    reference = gathered[0]
+    for index, other in enumerate(gathered):
+        for name in reference:
+            if other.get(name) != reference[name]:
+                raise ConfigError(
+                    f"ranks disagree on {name}: rank {members[0]} has {reference[name]!r}, "
+                    f"rank {members[index]} has {other.get(name)!r}; start every rank with "
+                    "the same HiPress version, algorithm and settings")
+
+
+def _agree_by_collective(fields: dict[str, Any], group: Any, size: int) -> None:
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * size
+    dist.all_gather_object(gathered, fields, group=group)
+    _compare(gathered, list(range(size)))
+
+
+def _linger(store: Any, slot: int, me: int, members: list[int]) -> None:
+    """On global rank 0, which hosts the job's store: keep it up until every other member
+    has read ``slot``, for at most ``_LINGER`` seconds."""
+    if me != 0:
+        return
+    deadline = time.monotonic() + _LINGER
+    others = [f"{_PREFIX}/{slot}/read/{m}" for m in members if m != me]
+    while time.monotonic() < deadline:
+        try:
+            if store.check(others):
+                return
+        except Exception:  # noqa: BLE001
+            return
+        time.sleep(0.05)
