@@ -31,11 +31,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
 from rich.table import Table
 
 import hipress
 from compll import TARGETS
+from hipress.cliargs import Parser, algorithm, count
+from hipress.output import console as make_console  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -63,6 +64,14 @@ def gradient(size: int) -> np.ndarray:
     return (r.standard_normal(size) * r.exponential(1.0, size) * 1e-3).astype(np.float32)
 
 
+def torch_baseline(name: str) -> tuple[Callable[..., object], Callable[..., object]] | None:
+    """The idiomatic torch (encode, decode) of a shipped algorithm; None for a ``.cll``
+    file of the user's (no baseline to compare with)."""
+    from bench.baselines.torch_ops import BASELINES
+
+    return BASELINES.get(name)
+
+
 def time_codec(name: str, target: str, g: np.ndarray, repeats: int,
                torch_baselines: bool = False) -> dict:
     """Encode and decode times, timed in turn with ``numpy.copyto`` of the same tensor
@@ -78,12 +87,11 @@ def time_codec(name: str, target: str, g: np.ndarray, repeats: int,
         "copy": lambda: np.copyto(dst, g),
         "encode": lambda: c.encode(g, step=0, out=enc_buf),
         "decode": lambda: c.decode(payload, g.size, out=dec_buf)}
-    if torch_baselines:
+    baseline = torch_baseline(name) if torch_baselines else None
+    if baseline is not None:
         import torch
 
-        from bench.baselines.torch_ops import BASELINES
-
-        enc, dec = BASELINES[name]
+        enc, dec = baseline
         x = torch.from_numpy(g)
         torch_payload = enc(x)
         fns["torch_encode"] = lambda: enc(x)
@@ -97,7 +105,7 @@ def time_codec(name: str, target: str, g: np.ndarray, repeats: int,
            "copy_Bps": 2 * g.nbytes / t["copy"]}
     row["encode_vs_copy"] = row["moved_bytes"] / row["encode_s"] / row["copy_Bps"]
     row["decode_vs_copy"] = row["moved_bytes"] / row["decode_s"] / row["copy_Bps"]
-    if torch_baselines:
+    if baseline is not None:
         row["torch_encode_s"], row["torch_decode_s"] = t["torch_encode"], t["torch_decode"]
         row["vs_torch"] = (t["torch_encode"] + t["torch_decode"]) / (t["encode"] + t["decode"])
         if "torch_topk" in t:
@@ -176,23 +184,26 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hipress bench kernels", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", type=int, default=25_000_000)
+    parser = Parser(prog="hipress bench kernels", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=count(1), default=25_000_000)
     parser.add_argument("--target", default="cpu", choices=[t for t in TARGETS if t != "auto"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--algorithms", nargs="*", default=hipress.algorithms())
+    parser.add_argument("--repeats", type=count(1), default=5)
+    parser.add_argument("--algorithms", nargs="*", type=algorithm, default=hipress.algorithms())
     parser.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
+    parser.add_argument("--no-builds", action="store_true",
+                        help="skip timing each kernel's first build in a fresh cache")
     parser.add_argument("--sweep", action="store_true", help="also sweep 2**10 .. 2**26")
     parser.add_argument("--out", type=Path, default=RESULTS / "kernels.json")
     args = parser.parse_args(argv)
 
-    console = Console()
+    console = make_console()
     g = gradient(args.size)
     result: dict = {"host": platform.node(), "target": args.target, "elements": args.size,
                     "threads": os.cpu_count(), "rows": []}
     with console.status("building kernels"):
-        builds = build_times(args.algorithms, args.target) if args.target != "ref" else {}
+        builds = build_times(args.algorithms, args.target) \
+            if args.target != "ref" and not args.no_builds else {}
     for name in args.algorithms:
         with console.status(f"timing {name}"):
             row = {"algorithm": name, **time_codec(name, args.target, g, args.repeats,
@@ -222,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['cached_load_s'] * 1e3:.0f}" if "cached_load_s" in r else "-",
         )
     console.print(table)
+    missing = [n for n in args.algorithms if torch_baseline(n) is None]
+    if missing and not args.no_torch:
+        console.print(f"no idiomatic torch baseline for {', '.join(missing)} (vs torch: -)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot(result, args.out.with_suffix(".png"))

@@ -39,6 +39,8 @@ from casync.plan import StaticPlanner  # noqa: E402
 from casync.planner import CostPlanner  # noqa: E402
 from casync.simulate import ready_times, simulate  # noqa: E402
 from casync.transport import parse_rate  # noqa: E402
+from hipress.cliargs import Parser, count, rate  # noqa: E402
+from hipress.output import console as make_console  # noqa: E402
 
 RESULTS = HERE / "results"
 STRATEGIES = ("allreduce", "byteps-onebit", "ring-dgc", "naive", "powersgd",
@@ -64,12 +66,12 @@ def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hipress bench simulate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="hipress bench simulate", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=list(PROFILES), choices=list(PROFILES))
-    parser.add_argument("--nodes", nargs="+", type=int, default=[1, 2, 4, 8, 16])
-    parser.add_argument("--gpus", type=int, default=8, help="GPUs per node")
-    parser.add_argument("--bandwidths", nargs="+", default=["25gbit", "100gbit"])
+    parser.add_argument("--nodes", nargs="+", type=count(1), default=[1, 2, 4, 8, 16])
+    parser.add_argument("--gpus", type=count(1), default=8, help="GPUs per node")
+    parser.add_argument("--bandwidths", nargs="+", type=rate, default=["25gbit", "100gbit"])
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES),
                         choices=list(STRATEGIES))
     parser.add_argument("--profile", type=Path,
@@ -78,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "simulate.json")
     args = parser.parse_args(argv)
 
-    from rich.console import Console
     from rich.progress import track
 
     rows: list[dict[str, Any]] = []
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
               "profile": str(args.profile) if args.profile else None}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    report(result, Console(width=130))
+    report(result, make_console(130))
     plot(result, args.out.with_suffix(".png"))
     print(f"simulated {len(rows)} iterations in {seconds:.1f} s; wrote {args.out} and "
           f"{args.out.with_suffix('.png')}")

@@ -52,9 +52,11 @@ sys.path.insert(0, str(HERE.parent))
 from casync.baselines import naive_step  # noqa: E402
 from casync.chunks import CHUNK_ELEMS  # noqa: E402
 from casync.plan import MIN_COMPRESS  # noqa: E402
+from hipress.cliargs import Parser, algorithm, count, number, rate  # noqa: E402
 from hipress.distributed import destroy_process_group  # noqa: E402
 from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
+from hipress.output import console as make_console  # noqa: E402
 
 RESULTS = HERE / "results"
 BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
@@ -371,7 +373,6 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def report(result: dict[str, Any], out: Path) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     rows = result["rows"]
@@ -401,7 +402,7 @@ def report(result: dict[str, Any], out: Path) -> None:
             f"{r['messages_per_step']:.0f}" if "messages_per_step" in r else "-",
             *([f"{r['predicted_s'] * 1e3:.1f}", f"{r['error']:+.0%}"] if "predicted_s" in r
               else ["-", "-"] if predicted else []))
-    Console(width=150).print(table)
+    make_console(150).print(table)
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
@@ -441,27 +442,29 @@ def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="hipress bench sync", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=4, help="local ranks to start")
+    parser = Parser(prog="hipress bench sync", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=count(2), default=4, help="local ranks to start")
     parser.add_argument("--profile", default="resnet50",
                         help="gradient profile: resnet50, vgg19, bert-base, ..., or "
                              "many-small (160 tensors of 2,000 floats)")
-    parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
+    parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
     parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"],
+                        choices=["ps", "ring", "allgather", "auto"],
                         help="ps, ring, allgather, and auto (the cost-model planner on a "
                              "profile measured at the start of the run)")
     parser.add_argument("--validate", action="store_true",
                         help="profile the primitives first and print the simulator's "
                              "prediction and error next to every measured case")
-    parser.add_argument("--steps", type=int, default=3, help="timed steps after a warm-up")
-    parser.add_argument("--scale", type=float, default=1.0,
+    parser.add_argument("--steps", type=count(1), default=3, help="timed steps after a warm-up")
+    parser.add_argument("--scale", type=number(above=0), default=1.0,
                         help="multiply every tensor size (e.g. 0.01 for a quick check)")
     parser.add_argument("--network", choices=["loopback", "shaped"], default="loopback")
-    parser.add_argument("--bandwidth", default="1gbit", help="shaped link rate (tc syntax)")
-    parser.add_argument("--chunk-elems", type=int, default=CHUNK_ELEMS,
+    parser.add_argument("--bandwidth", type=rate, default="1gbit",
+                        help="shaped link rate (tc syntax)")
+    parser.add_argument("--chunk-elems", type=count(1), default=CHUNK_ELEMS,
                         help="elements a CaSync chunk collects before it is sent")
-    parser.add_argument("--min-compress", type=int, default=MIN_COMPRESS,
+    parser.add_argument("--min-compress", type=count(0), default=MIN_COMPRESS,
                         help="CaSync's static plans leave smaller tensors uncompressed "
                              "(0 for --profile many-small: compress every tensor)")
     parser.add_argument("--no-naive", dest="naive", action="store_false",

@@ -26,7 +26,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from hipress.cliargs import Parser, count, number, rate  # noqa: E402
 from hipress.launcher import run, run_shaped  # noqa: E402
+from hipress.output import console as make_console  # noqa: E402
 
 RESULTS = HERE / "results"
 METHODS = {
@@ -40,19 +42,20 @@ METHODS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hipress bench train", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=4)
+    parser = Parser(prog="hipress bench train", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=count(2), default=4)
     parser.add_argument("--network", choices=["shaped", "paced"], default="shaped")
-    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--bandwidth", type=rate, default="1gbit")
     parser.add_argument("--models", nargs="+", default=["mlp", "resnet"],
                         choices=["mlp", "resnet"])
-    parser.add_argument("--width", type=int, default=2896, help="the MLP's: 8.6M parameters")
-    parser.add_argument("--channels", type=int, default=128,
+    parser.add_argument("--width", type=count(1), default=2896,
+                        help="the MLP's: 8.6M parameters")
+    parser.add_argument("--channels", type=count(1), default=128,
                         help="the residual CNN's: 5.0M parameters in 107 tensors")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch", type=count(1), default=16)
+    parser.add_argument("--epochs", type=count(1), default=2)
+    parser.add_argument("--lr", type=number(above=0), default=0.05)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     args = parser.parse_args(argv)
@@ -96,11 +99,10 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from rich.console import Console
 
     fig, axes = plt.subplots(1, len(results), figsize=(7 * len(results), 4), squeeze=False)
     for ax, (model, rows) in zip(axes[0], results.items(), strict=True):
-        Console(width=110).print(_table(model, rows, args))
+        make_console(110).print(_table(model, rows, args))
         base = next(r["steady_samples_per_s"] for r in rows if r["method"] == "DDP")
         for r in rows:
             t, loss = zip(*r["losses"], strict=True)

@@ -25,9 +25,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from hipress.cliargs import Parser, algorithm, count, number  # noqa: E402
+from hipress.output import console as make_console  # noqa: E402
+
 RESULTS = HERE / "results"
 
 
@@ -104,22 +107,26 @@ def _sync(args: argparse.Namespace, world: int, network: str, out: Path) -> dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hipress bench validate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser = Parser(prog="hipress bench validate", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=count(2), nargs="+", default=[2, 4])
     parser.add_argument("--networks", nargs="+", choices=["loopback", "shaped"],
                         default=["loopback"], help="shaped links need root (tc, netns)")
-    parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
-    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather", "auto"])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per case")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiply tensor sizes")
-    parser.add_argument("--repeat", type=int, default=1, help="runs of every configuration")
-    parser.add_argument("--bound", type=float, default=0.25, help="the error counted as met")
+    parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
+    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather", "auto"],
+                        choices=["ps", "ring", "allgather", "auto"])
+    parser.add_argument("--steps", type=count(1), default=10, help="timed steps per case")
+    parser.add_argument("--scale", type=number(above=0), default=1.0,
+                        help="multiply tensor sizes")
+    parser.add_argument("--repeat", type=count(1), default=1,
+                        help="runs of every configuration")
+    parser.add_argument("--bound", type=number(above=0), default=0.25,
+                        help="the error counted as met")
     parser.add_argument("--out", type=Path, default=RESULTS / "validate.json")
     args = parser.parse_args(argv)
     if "shaped" in args.networks and os.geteuid() != 0:
         parser.error("--networks shaped builds network namespaces: run as root (sudo)")
-    console = Console()
+    console = make_console()
     runs = []
     with tempfile.TemporaryDirectory(prefix="hipress-validate-") as tmp:
         for r in range(args.repeat):

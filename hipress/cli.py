@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .cliargs import Parser, algorithm, algorithm_or_none, count, number, port, rate
 from .errors import CompileError, ConfigError, HiPressError
 
 __all__ = ["main"]
@@ -24,16 +25,11 @@ def _cmd_algorithms(args: argparse.Namespace) -> int:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from compll import load_source
-    from compll.compiler import describe_params
+    from compll.compiler import describe_params, read_source
     from compll.payload import header_size
 
     for path in args.files:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                source = fh.read()
-        except OSError as exc:
-            raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-        program = load_source(source, path, params=dict(args.param or ()))
+        program = load_source(read_source(path), path, params=dict(args.param or ()))
         params = describe_params(program) or "none"
         layout = ", ".join(str(s.ty) for s in program.layout)
         print(f"{path}: ok: {program.name} (params: {params})")
@@ -92,12 +88,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .launcher import run
+    from .launcher import JOIN_TIMEOUT, run
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     return run(args.np, command, args.nnodes, args.node_rank, args.master_addr,
                args.master_port, args.algorithm, args.bandwidth, args.timeout,
-               args.max_restarts)
+               args.max_restarts, args.join_timeout or JOIN_TIMEOUT)
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
@@ -126,9 +122,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hipress", description="Compression-aware gradient synchronization."
-    )
+    parser = Parser(prog="hipress", description="Compression-aware gradient synchronization.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("algorithms", help="list the shipped compression algorithms")
@@ -144,16 +138,21 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("run", help="start a job on N ranks per node (torchrun underneath)")
-    p.add_argument("-np", "--nproc", dest="np", type=int, required=True,
+    p.add_argument("-np", "--nproc", dest="np", type=count(1), required=True,
                    help="ranks on this node")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--nnodes", type=count(1), default=1)
+    p.add_argument("--node-rank", type=count(0), default=0)
     p.add_argument("--master-addr", help="address of node 0 (multi-node)")
-    p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--algorithm", help="default compression algorithm (HIPRESS_ALGORITHM)")
-    p.add_argument("--bandwidth", help="software-paced uplink per rank, e.g. 1gbit")
-    p.add_argument("--timeout", type=float, help="seconds before a silent peer is an error")
-    p.add_argument("--max-restarts", type=int, default=0,
+    p.add_argument("--master-port", type=port, default=29500)
+    p.add_argument("--join-timeout", type=number(above=0),
+                   help="seconds to wait for every node of a multi-node job, then name the "
+                        "ones that never came (default: 180)")
+    p.add_argument("--algorithm", type=algorithm_or_none,
+                   help="default compression algorithm (HIPRESS_ALGORITHM)")
+    p.add_argument("--bandwidth", type=rate, help="software-paced uplink per rank, e.g. 1gbit")
+    p.add_argument("--timeout", type=number(above=0),
+                   help="seconds before a silent peer is an error")
+    p.add_argument("--max-restarts", type=count(0), default=0,
                    help="restart every rank this many times after one fails (torchrun's "
                         "elastic agent; the script resumes from its checkpoint)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD ...",
@@ -177,19 +176,19 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then HiPress")
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--bandwidth", default="1gbit", help="link rate per rank")
-    p.add_argument("--algorithm", default="onebit")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--width", type=int, default=2048, help="MLP hidden width")
-    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--ranks", type=count(2), default=4)
+    p.add_argument("--bandwidth", type=rate, default="1gbit", help="link rate per rank")
+    p.add_argument("--algorithm", type=algorithm, default="onebit")
+    p.add_argument("--epochs", type=count(1), default=2)
+    p.add_argument("--width", type=count(1), default=2048, help="MLP hidden width")
+    p.add_argument("--batch", type=count(1), default=16, help="samples per rank per step")
+    p.add_argument("--lr", type=number(above=0), default=0.05)
     p.add_argument("--shaped", action="store_true",
                    help="real tc-shaped links in network namespaces (root) instead of pacing")
     p.add_argument("--codecs", action="store_true",
                    help="instead: round-trip every algorithm on one gradient")
-    p.add_argument("--size", type=int, default=1 << 20, help="--codecs: elements")
-    p.add_argument("--seed", type=int, default=0, help="--codecs: data seed")
+    p.add_argument("--size", type=count(1), default=1 << 20, help="--codecs: elements")
+    p.add_argument("--seed", type=count(0), default=0, help="--codecs: data seed")
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -16,6 +16,7 @@ from compll import algorithms, codec
 
 from .errors import ConfigError
 from .launcher import run, run_shaped
+from .output import console as make_console
 
 __all__ = ["run_roundtrip_demo", "run_training_demo"]
 
@@ -27,7 +28,7 @@ def run_roundtrip_demo(size: int, seed: int) -> int:
     first use and cached) and, for comparison, the NumPy reference interpreter that they
     match bit for bit.
     """
-    console = Console()
+    console = make_console()
     rng = np.random.default_rng(seed)
     # A heavy-tailed gradient, as real ones are: most entries small, a few large.
     g = (rng.standard_normal(size) * rng.exponential(1.0, size) * 1e-3).astype(np.float32)
@@ -85,7 +86,7 @@ def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str =
     ``bandwidth`` per rank (emulation), or with ``shaped`` real namespaces and tc links.
     """
     parse_rate(bandwidth)
-    console = Console(width=max(Console().width, 100))
+    console = make_console(max(Console().width, 100))
     script = _repo_file("examples", "torch_train.py")
     out = out or _repo_file("bench") / "results" / "demo"
     out.mkdir(parents=True, exist_ok=True)

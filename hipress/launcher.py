@@ -8,12 +8,14 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from casync.transport import parse_rate
-
-from .errors import ConfigError
+from .errors import ConfigError, SyncError
 from .hosts import Host, free_port, shaped, thread_share
 
-__all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts"]
+__all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts", "JOIN_TIMEOUT"]
+
+#: Seconds ``hipress run`` waits for every node of a multi-node job before it names the
+#: ones that never came (torchrun's own rendezvous would wait many minutes, silently).
+JOIN_TIMEOUT = 180.0
 
 
 def torchrun_command(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
@@ -64,17 +66,22 @@ def _this_python(command: Sequence[str]) -> list[str]:
 def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         master_addr: str | None = None, master_port: int = 29500,
         algorithm: str | None = None, bandwidth: str | None = None,
-        timeout: float | None = None, max_restarts: int = 0) -> int:
+        timeout: float | None = None, max_restarts: int = 0,
+        join_timeout: float = JOIN_TIMEOUT) -> int:
     """Run ``command`` under torchrun with HiPress's environment; returns its exit code.
 
     With ``max_restarts``, torchrun's agent restarts every rank when one fails, up to that
     many times (the script resumes from its checkpoint: ``examples/torch_train.py
-    --checkpoint DIR``).
+    --checkpoint DIR``). A multi-node job first waits, at most ``join_timeout`` seconds,
+    for every node to check in at node 0 (``master_port + 1``), and names the nodes that
+    did not (``SyncError``).
 
     Sets ``HIPRESS_ALGORITHM``, ``HIPRESS_BANDWIDTH`` (software-paced uplink per rank)
     and ``HIPRESS_TIMEOUT`` when given, and gives each rank an even share of the
     node's cores for kernels (``HIPRESS_THREADS``) unless already set.
     """
+    from casync.transport import parse_rate
+
     env = dict(os.environ)
     if algorithm:
         env["HIPRESS_ALGORITHM"] = algorithm
@@ -94,9 +101,70 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
     cmd = torchrun_command(nproc, command, nnodes, node_rank, master_addr, master_port,
                            max_restarts)
     try:
+        if nnodes > 1:
+            assert master_addr is not None  # torchrun_command checked it
+            join(nnodes, node_rank, master_addr, master_port + 1, join_timeout)
         return subprocess.run(cmd, env=env).returncode
     except KeyboardInterrupt:
         return 130
+
+
+def join(nnodes: int, node_rank: int, master_addr: str, port: int, timeout: float) -> None:
+    """Wait until all ``nnodes`` nodes have checked in at node 0's store on ``port``.
+
+    Raises:
+        ConfigError: ``node_rank`` is not below ``nnodes``.
+        SyncError: after ``timeout`` seconds, naming the nodes that never came (or node 0,
+            when its store never answered).
+    """
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} is not a node of a {nnodes}-node job "
+                          f"(0 to {nnodes - 1})")
+    deadline = time.monotonic() + timeout
+    absent = SyncError(f"node 0 ({master_addr}:{port}) did not answer within {timeout:g} s; "
+                       "start it, or check --master-addr and --master-port")
+    if node_rank != 0:  # wait for node 0's store quietly (the store's client logs each try)
+        while not _listening(master_addr, port):
+            if time.monotonic() > deadline:
+                raise absent
+            time.sleep(0.2)
+    try:
+        store = TCPStore(master_addr, port, nnodes, node_rank == 0,
+                         timeout=timedelta(seconds=max(deadline - time.monotonic(), 1.0)),
+                         wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - the store's own error names no node
+        raise absent from None
+    store.set(f"hipress/join/{node_rank}", "1")
+    keys = [f"hipress/join/{n}" for n in range(nnodes)]
+    while not store.check(keys):
+        if time.monotonic() > deadline:
+            missing = [str(n) for n, key in enumerate(keys) if not store.check([key])]
+            raise SyncError(f"node(s) {', '.join(missing)} of {nnodes} never joined within "
+                            f"{timeout:g} s (waiting at {master_addr}:{port}); start them "
+                            "with the same --nnodes, --master-addr and --master-port, or "
+                            "raise --join-timeout")
+        time.sleep(0.2)
+    store.set(f"hipress/seen/{node_rank}", "1")
+    if node_rank == 0:  # keep the store up until every node has seen the others
+        seen = [f"hipress/seen/{n}" for n in range(nnodes)]
+        while not store.check(seen) and time.monotonic() < deadline + 10:
+            time.sleep(0.1)
+
+
+def _listening(addr: str, port: int) -> bool:
+    """Whether something accepts connections at ``addr:port`` now."""
+    import socket
+
+    try:
+        with socket.create_connection((addr, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:

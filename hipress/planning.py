@@ -9,7 +9,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from casync import Synchronizer
@@ -20,9 +19,12 @@ from casync.profiler import measure
 from casync.simulate import Gradient, ready_times, simulate
 from casync.transport import Transport, parse_rate
 
+from .cliargs import Parser, algorithm, count, number
+from .cliargs import rate as link_rate
 from .distributed import destroy_process_group
 from .errors import ConfigError
 from .launcher import run, run_shaped
+from .output import console as make_console
 
 __all__ = ["profile_main", "plan_main", "fit_table"]
 
@@ -62,7 +64,7 @@ def _profile_worker(args: argparse.Namespace) -> int:
     cost.meta["network"] = args.network
     if transport.rank == 0:
         cost.save(args.out)
-        Console(width=100).print(fit_table(cost, f"cost profile: {cost.world} ranks on "
+        make_console(100).print(fit_table(cost, f"cost profile: {cost.world} ranks on "
                                                  f"{cost.meta['host']}"))
         print(f"wrote {args.out}")
     dist.barrier()
@@ -72,19 +74,20 @@ def _profile_worker(args: argparse.Namespace) -> int:
 
 def profile_main(argv: list[str]) -> int:
     """``hipress profile``: fit t(x) = a + b·x for every primitive on N ranks."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hipress profile",
         description="Measure encode/decode per algorithm, merge, send and allreduce on N "
                     "ranks and fit t(x) = a + b*x. Under torchrun (RANK set) it profiles "
                     "that job's group; otherwise it starts --ranks local ranks.")
-    parser.add_argument("--ranks", type=int, default=4, help="local ranks to start")
-    parser.add_argument("--algorithms", nargs="+", default=["onebit", "dgc"])
+    parser.add_argument("--ranks", type=count(2), default=4, help="local ranks to start")
+    parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
     parser.add_argument("--network", choices=["loopback", "paced", "shaped"],
                         default="loopback", help="paced: software pacing at --bandwidth; "
                         "shaped: namespaces with tc-shaped links (root)")
-    parser.add_argument("--bandwidth", default="1gbit")
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--target", default="auto", help="codec target: auto, cpu, ref")
+    parser.add_argument("--bandwidth", type=link_rate, default="1gbit")
+    parser.add_argument("--reps", type=count(1), default=5)
+    parser.add_argument("--target", default="auto", choices=["auto", "cpu", "cuda", "ref"],
+                        help="codec target")
     parser.add_argument("-o", "--out", type=Path, default=Path("profile.json"))
     args = parser.parse_args(argv)
     if "RANK" in os.environ:
@@ -100,19 +103,22 @@ def profile_main(argv: list[str]) -> int:
 
 def plan_main(argv: list[str]) -> int:
     """``hipress plan``: the planner's decisions for a model, from a profile or a cluster."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="hipress plan",
         description="Plan every gradient of a model (compress?, topology, partitions) and "
                     "predict its sync time. With --profile, from measured costs; without, "
                     "for a V100-class cluster (see casync.costmodel.CostModel.cluster).")
     parser.add_argument("--profile", type=Path, help="a `hipress profile` JSON")
     parser.add_argument("--model", default="resnet50", choices=sorted(PROFILES))
-    parser.add_argument("--nodes", type=int, help="nodes (default: the profile's ranks, or 16)")
-    parser.add_argument("--gpus", type=int, default=None, help="GPUs per node (cluster: 8)")
-    parser.add_argument("--bandwidth", help="inter-node link rate, e.g. 100gbit (overrides "
-                        "the profile's measured send rate)")
-    parser.add_argument("--algorithms", nargs="+", default=["onebit"])
-    parser.add_argument("--backward-ms", type=float, help="backward time spread over the "
+    parser.add_argument("--nodes", type=count(1),
+                        help="nodes (default: the profile's ranks, or 16)")
+    parser.add_argument("--gpus", type=count(1), default=None,
+                        help="GPUs per node (cluster: 8)")
+    parser.add_argument("--bandwidth", type=link_rate, help="inter-node link rate, e.g. 100gbit "
+                        "(overrides the profile's measured send rate)")
+    parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit"])
+    parser.add_argument("--backward-ms", type=number(minimum=0),
+                        help="backward time spread over the "
                         "tensors (default: the model's V100 figure for a cluster, 0 — all "
                         "ready at once, as in bench sync — for a profile)")
     parser.add_argument("--all", action="store_true", help="list every tensor, not the top 30")
@@ -120,15 +126,16 @@ def plan_main(argv: list[str]) -> int:
     rate = parse_rate(args.bandwidth) if args.bandwidth else None
     if args.profile:
         cost = CostModel.load(args.profile)
-        nodes = args.nodes or cost.world
+        nodes = args.nodes if args.nodes is not None else cost.world
         if rate is not None:
             send = cost.costs.get("send", Linear(25e-6, 0))
             cost.costs["send"] = Linear(send.a, 8 / (0.9 * rate), send.r2, send.floor)
             cost.costs.pop("allreduce", None)  # measured at another rate
-        backward = args.backward_ms or 0.0
+        backward = args.backward_ms if args.backward_ms is not None else 0.0
     else:
-        nodes = args.nodes or 16
-        cost = CostModel.cluster(nodes, args.gpus or 8, rate or 100e9, tuple(args.algorithms))
+        nodes = args.nodes if args.nodes is not None else 16
+        gpus = args.gpus if args.gpus is not None else 8
+        cost = CostModel.cluster(nodes, gpus, rate or 100e9, tuple(args.algorithms))
         backward = TIMINGS[args.model].backward_ms if args.backward_ms is None \
             else args.backward_ms
     if nodes < 1:
@@ -152,7 +159,7 @@ def plan_main(argv: list[str]) -> int:
         what = "none (allreduce)" if not plan.compress else f"{plan.algorithm} {plan.topology}"
         table.add_row(u.name[:60], f"{u.numel:,}", str(u.tensors), what,
                       f"{u.ready * 1e3:.1f}", f"{(u.finish - u.ready) * 1e3:.2f}")
-    console = Console(width=120)
+    console = make_console(120)
     console.print(table)
     share = planned.compressed / max(sum(g.numel for g in grads), 1)
     console.print(f"predicted sync end: {planned.end * 1e3:.1f} ms after backward starts "

@@ -43,6 +43,100 @@ def test_config_errors_exit_2(capsys):
     assert "bits must be 2, 4 or 8" in capsys.readouterr().err
 
 
+def _hipress(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hipress", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=600)
+
+
+BAD_ARGUMENTS = [
+    ["plan", "--nodes", "0", "--gpus", "0"], ["plan", "--gpus", "-2"],
+    ["plan", "--backward-ms", "-5"], ["plan", "--backward-ms", "nan"],
+    ["plan", "--algorithms", "nosuch"], ["plan", "--bandwidth", "fast"],
+    ["profile", "--ranks", "1"], ["profile", "--reps", "0"],
+    ["run", "-np", "2", "--timeout", "-5", "x.py"], ["run", "-np", "2", "--algorithm",
+                                                     "nosuch", "x.py"],
+    ["run", "-np", "0", "x.py"], ["run", "-np", "2", "--master-port", "70000", "x.py"],
+    ["run", "-np", "2", "--join-timeout", "0", "x.py"],
+    ["demo", "--ranks", "1"], ["demo", "--lr", "nan"], ["demo", "--algorithm", "zap"],
+    ["bench", "kernels", "--size", "0"], ["bench", "kernels", "--algorithms", "nosuch"],
+    ["bench", "sync", "--steps", "0"], ["bench", "sync", "--scale", "-1"],
+    ["bench", "train", "--lr", "-1"], ["bench", "validate", "--ranks", "1"],
+    ["bench", "simulate", "--nodes", "0"], ["bench", "nosuch"],
+    ["compile", str(ROOT / "dsl" / "dgc.cll"), "-p", "ratio"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_ARGUMENTS, ids=[" ".join(a[:3]) for a in BAD_ARGUMENTS])
+def test_every_subcommand_refuses_a_bad_value_in_one_line(args):
+    proc = _hipress(*args)
+    assert proc.returncode == 2, (args, proc.stdout[-500:], proc.stderr[-2000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe\x00\x01binary", "encode() -> ¿\n".encode("latin-1")])
+def test_compile_of_a_file_that_is_not_utf8_is_a_compile_error_at_1_1(tmp_path, data):
+    bad = tmp_path / "bad.cll"
+    bad.write_bytes(data)
+    proc = _hipress("compile", str(bad))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"{bad}:1:1: not UTF-8 text"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(hipress.CompileError, match="not UTF-8"):
+        hipress.codec(str(bad))
+
+
+def test_every_shipped_algorithm_has_a_torch_baseline():
+    sys.path.insert(0, str(ROOT))
+    from bench.baselines.torch_ops import BASELINES
+
+    assert sorted(BASELINES) == hipress.algorithms()
+
+
+@pytest.mark.cpu
+def test_the_kernel_benchmark_runs_with_its_torch_baselines(tmp_path):
+    """``make bench``'s command, on a small tensor, with every baseline; written to a file
+    (not a terminal), the table keeps whole cells."""
+    out = tmp_path / "kernels.json"
+    proc = _hipress("bench", "kernels", "--size", "5000", "--repeats", "1", "--no-builds",
+                    "--out", str(out), cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = __import__("json").loads(out.read_text())["rows"]
+    assert [r["algorithm"] for r in rows] == hipress.algorithms()
+    assert all(r["vs_torch"] > 0 for r in rows)
+    assert "…" not in proc.stdout and "threshold" in proc.stdout and "vs torch" in proc.stdout
+
+
+@pytest.mark.parallel
+def test_a_node_that_never_joins_is_named_within_the_join_timeout():
+    """Two nodes on loopback: each alone gives up after --join-timeout naming the other;
+    together they run the job."""
+    import time
+
+    from hipress.hosts import free_port
+
+    port = free_port()
+
+    def node(rank: int, timeout: float = 3.0) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hipress", "run", "-np", "1", "--nnodes", "2",
+             "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
+             str(port), "--join-timeout", str(timeout), "python", "-c", "pass"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    for alone, missing in ((0, "node(s) 1 of 2 never joined within 3 s"),
+                           (1, "node 0 (127.0.0.1:")):
+        start = time.monotonic()
+        proc = node(alone)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and missing in err, err[-2000:]
+        assert time.monotonic() - start < 3 + 20
+    both = [node(0, 60), node(1, 60)]
+    for p in both:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+
+
 def test_demo_prints_measured_rows(capsys):
     assert main(["demo", "--codecs", "--size", "5000"]) == 0
     out = capsys.readouterr().out

@@ -166,6 +166,46 @@ def threshold_enc(x, tau=0.01):
     return idx.int(), x[idx]
 
 
+def _blocks(x, bucket):
+    """x cut into rows of ``bucket`` elements (the last padded with its own last value),
+    and the element count."""
+    n = x.numel()
+    rows = (n + bucket - 1) // bucket
+    padded = torch.cat([x, x[-1:].expand(rows * bucket - n)]) if rows * bucket > n else x
+    return padded.view(rows, bucket), n
+
+
+def cgx_enc(x, bits=4, bucket=512):
+    blocks, n = _blocks(x, bucket)
+    lo, hi = blocks.min(dim=1, keepdim=True).values, blocks.max(dim=1, keepdim=True).values
+    scale = (hi - lo) / ((1 << bits) - 1)
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    q = torch.round((blocks - lo) * inv).clamp(max=(1 << bits) - 1).view(-1)[:n]
+    return lo.view(-1), scale.view(-1), _pack(q, 4 if bits > 2 else bits)
+
+
+def cgx_dec(p, n, bits=4, bucket=512):
+    lo, scale, packed = p
+    q = _unpack(packed, 4 if bits > 2 else bits, n).float()
+    return lo.repeat_interleave(bucket)[:n] + q * scale.repeat_interleave(bucket)[:n]
+
+
+def zeropp_enc(x, bits=4, bucket=512):
+    qmax = (1 << (bits - 1)) - 1
+    blocks, n = _blocks(x, bucket)
+    scale = blocks.abs().max(dim=1, keepdim=True).values / qmax
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    codes = torch.round(blocks * inv).clamp(-qmax, qmax) + qmax + 1
+    return scale.view(-1), _pack(codes.view(-1)[:n], bits)
+
+
+def zeropp_dec(p, n, bits=4, bucket=512):
+    scale, packed = p
+    qmax = (1 << (bits - 1)) - 1
+    codes = _unpack(packed, bits, n).float()
+    return (codes - qmax - 1) * scale.repeat_interleave(bucket)[:n]
+
+
 BASELINES = {
     "onebit": (onebit_enc, onebit_dec),
     "signsgd": (signsgd_enc, signsgd_dec),
@@ -180,4 +220,6 @@ BASELINES = {
     "graddrop": (graddrop_enc, sparse_dec),
     "natural": (natural_enc, natural_dec),
     "threshold": (threshold_enc, sparse_dec),
+    "cgx": (cgx_enc, cgx_dec),
+    "zeropp": (zeropp_enc, zeropp_dec),
 }
