@@ -4,16 +4,24 @@
     hipress run -np 4 examples/torch_train.py --sync ddp            # plain DDP
     hipress run -np 4 examples/torch_train.py --model resnet        # 107 gradient tensors
 
---model picks the network: ``mlp`` (a wide MLP, six gradient tensors) or ``resnet`` (a
+--model picks the network: ``mlp`` (a wide MLP, six gradient tensors), ``resnet`` (a
 small residual CNN, 17 blocks of two convolutions with batch norm: 107 gradient tensors,
-what a real model hands the engine).
+what a real model hands the engine) or ``transformer`` (a GPT-style language model, 76
+tensors, 13.8M parameters, trained with AdamW on token sequences of a Markov chain:
+examples/_lm.py).
 
 --sync picks how gradients are averaged:
   hook       DDP with hipress.torch's comm hook (CaSync, --algorithm)     [default]
   optimizer  hipress.torch.DistributedOptimizer, no DDP (--algorithm)
   ddp        plain DDP allreduce
-  powersgd   DDP with torch's PowerSGD hook (rank 1)
+  powersgd   DDP with torch's PowerSGD hook (--powersgd-rank, 4)
   fp16       DDP with torch's fp16 compression hook
+  local      no averaging: every rank trains alone (the compute a step costs, for
+             --breakdown's reference)
+--breakdown records where each step's time goes (forward, backward, optimizer; with the
+hook also its calls, the wait at backward's end, codec and wire time, the overlap with
+backward: hipress.breakdown) and, after training, the engine's own sync time for the same
+gradients; the metrics then hold every rank's medians.
 --bandwidth 1gbit paces this rank's uplink in software (emulation); plain DDP then runs
 its allreduce through the same paced transport so the comparison is fair. torch's own
 hooks cannot be paced: use real shaped links for them (hipress bench train --network shaped).
@@ -41,9 +49,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from _digits import load_digits_split
+from _lm import GPT, MarkovTokens
 from torch import nn
 
 import hipress.torch as hp
+from hipress.breakdown import COLUMNS, summarize
 from hipress.distributed import allgather_object
 
 
@@ -81,12 +91,53 @@ class ResNet(nn.Module):
 
 
 def make_model(width: int, kind: str = "mlp") -> nn.Module:
-    """``mlp``: 64 -> width -> width -> 10; ``resnet``: ``ResNet(channels=width)``."""
+    """``mlp``: 64 -> width -> width -> 10; ``resnet``: ``ResNet(channels=width)``;
+    ``transformer``: ``GPT(dim=width)``."""
     torch.manual_seed(0)
     if kind == "resnet":
         return ResNet(width)
+    if kind == "transformer":
+        return GPT(dim=width)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 10))
+
+
+class Task:
+    """A model's data: ``batch(step, rank)`` gives that rank's inputs and targets;
+    ``loss`` and ``accuracy`` score a model's output."""
+
+    def __init__(self, kind: str, batch: int, world: int) -> None:
+        self.kind, self.size, self.world = kind, batch, world
+        if kind == "transformer":
+            self.tokens = MarkovTokens()
+            self.steps_per_epoch = 4096 // (batch * world)
+            test = torch.from_numpy(self.tokens.batch(10_000, 0, 64))
+            self.test = (test[:, :-1], test[:, 1:])
+        else:
+            xtr, ytr, xte, yte = load_digits_split()
+            self.train = (xtr, ytr)
+            self.steps_per_epoch = len(xtr) // (batch * world)
+            self.test = (torch.from_numpy(xte), torch.from_numpy(yte))
+
+    def batch(self, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "transformer":
+            seq = torch.from_numpy(self.tokens.batch(rank, step, self.size))
+            return seq[:, :-1], seq[:, 1:]
+        xtr, ytr = self.train
+        epoch, i = divmod(step, self.steps_per_epoch)
+        order = np.random.default_rng(1000 + epoch).permutation(len(xtr))[rank::self.world]
+        idx = order[i * self.size:(i + 1) * self.size]
+        return torch.from_numpy(xtr[idx]), torch.from_numpy(ytr[idx])
+
+    @staticmethod
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
+
+    def accuracy(self, model: nn.Module, device: torch.device) -> float:
+        x, y = self.test
+        with torch.no_grad():
+            out = model(x.to(device)).argmax(-1).cpu()
+        return float((out == y).float().mean())
 
 
 def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
@@ -94,7 +145,11 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     """The model and optimizer for --sync, plus whatever reports bytes sent."""
     # fused: one pass over each parameter (torch's single-tensor SGD makes three), the
     # same optimizer for every --sync
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, fused=True)
+    opt: torch.optim.Optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True) \
+        if args.optimizer == "adamw" else \
+        torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, fused=True)
+    if args.sync == "local":
+        return model, opt, None
     if args.sync == "optimizer":
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       algorithm=args.algorithm, topology=args.topology)
@@ -102,16 +157,20 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     # PowerSGD's hook chains collectives inside Gloo's two worker threads; with several
     # buckets they can all block each other (a hang), so it gets one bucket.
     cap = 4096 if args.sync == "powersgd" else 25
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
+    # gradients as views of DDP's buckets: no copy of every gradient out of its bucket
+    # after the hook (12 ms a step of the 12M-parameter CNN on one core), for every --sync
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap,
+                                              gradient_as_bucket_view=True)
     if args.sync == "hook" or (args.sync == "ddp" and args.bandwidth):
         state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none",
-                             topology=args.topology)
+                             topology=args.topology, trace=args.breakdown)
         ddp.register_comm_hook(state, hp.comm_hook)
         return ddp, opt, state
     if args.sync == "powersgd":
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
-        ddp.register_comm_hook(ps.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+        ddp.register_comm_hook(ps.PowerSGDState(process_group=None,
+                                                matrix_approximation_rank=args.powersgd_rank,
                                                 start_powerSGD_iter=2), ps.powerSGD_hook)
     elif args.sync == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -151,6 +210,32 @@ def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer
     return step
 
 
+def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
+    """Each field's median over the steps."""
+    return {key: float(np.median([r[key] for r in rows if key in r]))
+            for key in COLUMNS if any(key in r for r in rows)}
+
+
+def _engine_alone(model: nn.Module, args: argparse.Namespace, steps: int = 12) -> float:
+    """Median ms of the engine alone synchronizing gradients of the model's shapes in one
+    batch (``submit_many`` + ``synchronize``) with this run's settings: the time no
+    integration adds to."""
+    from casync import Synchronizer
+    from hipress.distributed import gloo_group
+
+    sync = Synchronizer(args.algorithm, args.topology, group=gloo_group())
+    grads = [(name, torch.randn(p.shape)) for name, p in model.named_parameters()]
+    times = []
+    for _ in range(steps):
+        dist.barrier()
+        start = time.perf_counter()
+        sync.submit_many(grads)
+        sync.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    sync.close()
+    return float(np.median(times[2:]))
+
+
 def bytes_sent(reporter: object) -> int:
     if reporter is None:
         return 0
@@ -163,20 +248,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sync", default="hook",
-                        choices=["hook", "optimizer", "ddp", "powersgd", "fp16"])
+                        choices=["hook", "optimizer", "ddp", "powersgd", "fp16", "local"])
+    parser.add_argument("--powersgd-rank", type=int, default=4,
+                        help="--sync powersgd: the rank of its approximation")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"],
+                        help="default: adamw for the transformer, sgd (momentum) otherwise")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="record where each step's time goes (see above)")
     parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM", "onebit"))
     parser.add_argument("--topology", default="ps", choices=["ps", "ring", "allgather"],
                         help="CaSync strategy for compressed tensors")
-    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "resnet", "transformer"])
     parser.add_argument("--width", type=int, default=None,
-                        help="hidden width (params ~ w^2); resnet: channels (default 2048 "
-                             "for the mlp, 128 for the resnet)")
+                        help="hidden width (params ~ w^2); resnet: channels; transformer: "
+                             "model dimension (default 2048 for the mlp, 128 for the resnet, "
+                             "384 for the transformer)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     parser.add_argument("--warmup", type=int, default=3,
                         help="steps left out of the steady samples/s (one-time set-up)")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="default: 0.05 for sgd, 0.001 for adamw")
     parser.add_argument("--bandwidth", default=os.environ.get("HIPRESS_BANDWIDTH"),
                         help="emulate this uplink rate per rank, e.g. 1gbit")
     parser.add_argument("--metrics", type=Path,
@@ -201,7 +294,13 @@ def main() -> None:
     torch.set_num_threads(max(1, int(threads)))
 
     if args.width is None:
-        args.width = 128 if args.model == "resnet" else 2048
+        args.width = {"resnet": 128, "transformer": 384}.get(args.model, 2048)
+    if args.model == "transformer" and args.width % 6:
+        parser.error(f"--width {args.width}: the transformer's 6 heads need a multiple of 6")
+    if args.optimizer is None:
+        args.optimizer = "adamw" if args.model == "transformer" else "sgd"
+    if args.lr is None:
+        args.lr = 1e-3 if args.optimizer == "adamw" else 0.05
 
     # NCCL refuses two ranks on one GPU: ranks that share one talk Gloo, and CaSync
     # stages their compressed messages through host memory (cuda_transport "auto").
@@ -209,7 +308,7 @@ def main() -> None:
         os.environ.get("LOCAL_WORLD_SIZE", "1")) > torch.cuda.device_count()
     hp.init(backend="gloo" if shared else None)
     rank, world = hp.rank(), hp.size()
-    xtr, ytr, xte, yte = load_digits_split()
+    data = Task(args.model, args.batch, world)
     device = torch.device(args.device)
     if device.type == "cuda":  # several ranks may share one GPU (the staged transport)
         local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
@@ -223,10 +322,9 @@ def main() -> None:
         print(f"resumed from step {first} ({args.checkpoint})", flush=True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     params = sum(p.numel() for p in model.parameters())
-    loss_fn = nn.CrossEntropyLoss()
-    steps_per_epoch = len(xtr) // (args.batch * world)
-    total = args.steps if args.steps else steps_per_epoch * args.epochs
+    total = args.steps if args.steps else data.steps_per_epoch * args.epochs
     losses: list[tuple[float, float]] = []
+    steps_ms: list[dict[str, float]] = []
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -242,15 +340,17 @@ def main() -> None:
     with progress:
         task = progress.add_task("train", total=total, completed=step, loss=float("nan"))
         while step < total:
-            epoch, i = divmod(step, steps_per_epoch)
-            order = np.random.default_rng(1000 + epoch).permutation(len(xtr))[rank::world]
-            idx = order[i * args.batch:(i + 1) * args.batch]
-            xb = torch.from_numpy(xtr[idx]).to(device)
-            yb = torch.from_numpy(ytr[idx]).to(device)
+            xb, yb = (t.to(device) for t in data.batch(step, rank))
+            t0 = time.perf_counter()
             opt.zero_grad()
-            loss = loss_fn(model(xb), yb)
+            loss = data.loss(model(xb), yb)
+            t1 = time.perf_counter()
             loss.backward()
+            t2 = time.perf_counter()
             opt.step()
+            if args.breakdown:
+                steps_ms.append(summarize(t0, t1, t2, time.perf_counter(),
+                                          hook.take_trace() if hook is not None else None))
             step += 1
             losses.append((time.perf_counter() - start, loss.item()))
             progress.update(task, advance=1, loss=losses[-1][1])
@@ -268,9 +368,7 @@ def main() -> None:
     warm = min(args.warmup, run - 1) if run > 1 else 0
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
     model.eval()  # batch norm: the running statistics
-    with torch.no_grad():
-        logits = model(torch.from_numpy(xte).to(device))
-        accuracy = float((logits.argmax(1).cpu().numpy() == yte).mean())
+    accuracy = data.accuracy(model, device)
     # Replicas must agree: compare a checksum of the parameters across ranks.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     sums = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
@@ -287,6 +385,10 @@ def main() -> None:
               "accuracy": accuracy, "final_loss": losses[-1][1] if losses else None,
               "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses,
               "device": str(device)}
+    if args.breakdown:
+        result["breakdown"] = allgather_object(_medians(steps_ms[warm:]))
+        if reporter is not None and args.sync in ("hook", "optimizer"):
+            result["engine_alone_ms"] = allgather_object(_engine_alone(model, args))
     if rank == 0:
         print(f"{label}: {run} steps in {elapsed:.1f} s, "
               f"{result['samples_per_s']:.0f} samples/s ({result['steady_samples_per_s']:.0f} "

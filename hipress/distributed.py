@@ -138,6 +138,7 @@ class EngineOptions:
         min_compress: smaller tensors go through a plain allreduce (static plans).
         error_feedback: ``None`` = on for biased algorithms.
         timeout: seconds before a silent peer raises ``SyncError``.
+        trace: the engine records its tasks (``hipress.breakdown``).
         **params: the algorithm's parameters (``ratio=0.001`` for dgc).
 
     Raises:
@@ -148,7 +149,8 @@ class EngineOptions:
 
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
                  min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
-                 timeout: float | None = None, **params: Any) -> None:
+                 timeout: float | None = None, trace: bool = False, **params: Any) -> None:
+        self.trace = bool(trace)  # the engine records its tasks (not a setting ranks share)
         try:
             self.settings = Settings.of(algorithm, topology, plan, min_compress,
                                         error_feedback, timeout, **params)
@@ -176,7 +178,7 @@ class EngineOptions:
         return synchronizer(self.algorithm, topology=self.topology, plan=self.plan,
                             min_compress=self.min_compress,
                             error_feedback=self.error_feedback, timeout=self.timeout,
-                            **self.params)
+                            trace=self.trace, **self.params)
 
 
 class LazyEngine:

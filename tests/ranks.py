@@ -611,6 +611,61 @@ def torch_plugin(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return report
 
 
+def slow_wire(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """DDP with the comm hook over a transport that delays every message by ``delay`` s,
+    beside the same training over the plain one. Returns backward's seconds in the last
+    step, the chunks that step ran, and both models' digests."""
+    import torch
+    from torch import nn
+
+    import hipress.torch as hp
+    from casync import Synchronizer, Transport
+    from hipress import distributed as core
+
+    class Slow(Transport):  # every message arrives ``delay`` seconds late
+        def wait(self, handle: Any, timeout: float) -> None:
+            if handle.kind != "send":
+                time.sleep(args["delay"])
+            super().wait(handle, timeout)
+
+    hp.init()
+    real = core.synchronizer
+
+    def slow_engine(algorithm: str, **options: Any) -> Any:
+        engine = Synchronizer(algorithm, transport=Slow(core.gloo_group()), **options)
+        core._engines.add(engine)
+        return engine
+
+    x, y = _digits()
+    report: dict[str, Any] = {}
+    for wire in ("slow", "plain"):
+        core.synchronizer = slow_engine if wire == "slow" else real
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), *(nn.Linear(256, 256) for _ in range(7)),
+                              nn.Linear(256, 10))
+        # a bucket per layer (256 KB each): the step runs a chunk per bucket
+        ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.25)
+        state = hp.HookState(algorithm="onebit", min_compress=0, trace=True)
+        ddp.register_comm_hook(state, hp.comm_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(ddp(x[32 * step:32 * step + 32]),
+                                               y[32 * step:32 * step + 32])
+            state.take_trace()
+            start = time.monotonic()
+            loss.backward()
+            seconds = time.monotonic() - start
+            opt.step()
+        trace = state.take_trace()
+        assert trace is not None
+        report[wire] = {"backward_s": seconds, "digest": _digest(model),
+                        "chunks": len({graph for _, _, graph, _, _ in trace.tasks}),
+                        "waits": sum(lane == "comm" for lane, *_ in trace.tasks)}
+    core.synchronizer = real
+    return report
+
+
 def amp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """fp16 autocast with a real GradScaler through plain DDP, the comm hook or
     DistributedOptimizer; in step ``overflow`` rank 1's loss is scaled to inf. Returns
@@ -843,7 +898,8 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
     return {}
 
 
-SCENARIOS.update({f.__name__: f for f in (torch_plugin, amp, invalid_rank, misuse, torch_fault,
+SCENARIOS.update({f.__name__: f for f in (torch_plugin, amp, slow_wire, invalid_rank, misuse,
+                                          torch_fault,
                                           torch_checkpoint)})
 
 

@@ -95,6 +95,42 @@ def test_training_bench_always_measures_its_reference():
         "DDP", "HiPress onebit"]
 
 
+def test_time_to_target_is_on_smoothed_losses_and_the_target_is_ddps():
+    train = bench_module("train")
+    # DDP's loss falls 1.0 -> 0.0 over 40 steps, one per second; a method twice as fast
+    ddp = [[float(i), 1.0 - i / 40] for i in range(40)]
+    fast = [[i / 2, 1.0 - i / 40] for i in range(40)]
+    noisy = [[float(i), (1.0 - i / 40) + (0.5 if i % 2 else -0.5)] for i in range(40)]
+    rows = [{"method": "DDP", "losses": ddp}, {"method": "x", "losses": fast}]
+    target = train.target_loss(rows)
+    smooth = train.smoothed(ddp)
+    assert target == smooth[29][1]  # three quarters into DDP's run
+    assert train.time_to(target, ddp) == 29.0
+    assert train.time_to(target, fast) == 14.5
+    assert abs(train.time_to(target, noisy) - 29.0) <= 1  # a noisy step does not count
+    assert train.time_to(-1.0, ddp) is None
+
+
+def test_a_step_breakdown_adds_up_what_the_hook_recorded():
+    from hipress.breakdown import StepTrace, summarize
+
+    trace = StepTrace(hook=[(1.10, 1.11), (1.20, 1.22)], tail=[(1.30, 1.35)],
+                      tasks=[("compute", "to1/encode", "c0", 1.11, 1.13),
+                             ("comm", "from1/recv", "c0", 1.13, 1.30),
+                             ("inline", "average", "c1", 1.31, 1.32),
+                             ("p2p", "to1/send", "c0", 1.13, 1.14),
+                             ("compute", "from1/decode", "c0", 1.33, 1.36)])
+    got = summarize(1.0, 1.05, 1.35, 1.40, trace)
+    want = {"step_ms": 400, "forward_ms": 50, "backward_ms": 300, "optimizer_ms": 50,
+            "hook_ms": 30, "tail_ms": 50, "codec_ms": 60, "wire_ms": 170}
+    for key, value in want.items():
+        assert abs(got[key] - value) < 1e-6, key
+    # the sync ran from 1.11 to 1.36; backward's last gradient came at 1.30: 76 %
+    assert abs(got["overlap"] - 0.19 / 0.25) < 1e-9
+    assert set(summarize(1.0, 1.05, 1.35, 1.40, None)) == {
+        "step_ms", "forward_ms", "backward_ms", "optimizer_ms"}
+
+
 def test_run_on_hosts_gives_each_rank_its_environment_and_stops_the_rest(tmp_path):
     import time
 
@@ -211,6 +247,24 @@ def test_grad_scaler_skips_an_overflow_on_every_rank_through_every_path(tmp_path
 
 
 @pytest.mark.parallel
+def test_backward_does_not_wait_on_the_engine_chunk_by_chunk(tmp_path):
+    """Every message arrives 200 ms late; a step of eight chunks (a DDP bucket each) needs
+    two messages per chunk in a row. The hook only hands each bucket over, so backward
+    returns once the last messages land, not after each chunk's: far less than the
+    messages' delays one after another, and with the same parameters as over a plain
+    transport."""
+    delay = 0.2
+    results = ranks.launch(2, "slow_wire", tmp_path, {"delay": delay})
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+        slow, plain = r["slow"], r["plain"]
+        assert slow["chunks"] == 8 and slow["waits"] == 16, slow
+        assert slow["backward_s"] < slow["waits"] * delay / 2, slow
+        assert slow["digest"] == plain["digest"]
+    assert results[0]["slow"]["digest"] == results[1]["slow"]["digest"]
+
+
+@pytest.mark.parallel
 @pytest.mark.parametrize("mode", ["hook", "optimizer"])
 def test_one_rank_with_an_invalid_setting_fails_every_rank_with_its_message(tmp_path, mode):
     """The rank with ``ratio=0`` fails at construction; the other, whose settings are fine,
@@ -257,6 +311,22 @@ def _run_example(tmp_path: Path, name: str, *args: str) -> dict:
          *args], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(metrics.read_text())
+
+
+@pytest.mark.parallel
+def test_the_example_breaks_a_transformers_step_down(tmp_path):
+    """The GPT-style model (76 tensors) under the hook with --breakdown: every rank
+    reports every column, and the engine's own time for the same gradients."""
+    from hipress.breakdown import COLUMNS
+
+    result = _run_example(tmp_path, "lm", "--model", "transformer", "--width", "96",
+                          "--steps", "6", "--batch", "2", "--breakdown")
+    assert result["tensors"] == 76 and result["replicas_identical"]
+    assert len(result["breakdown"]) == 2
+    for rank in result["breakdown"]:
+        assert set(rank) == set(COLUMNS), rank
+        assert rank["step_ms"] > rank["hook_ms"] > 0 and 0 <= rank["overlap"] <= 1
+    assert all(ms > 0 for ms in result["engine_alone_ms"])
 
 
 @pytest.mark.parallel

@@ -2,6 +2,7 @@
 
 # No "from __future__ import annotations": DDP checks the hook's real annotations.
 
+import time
 from typing import Any
 
 import torch
@@ -9,6 +10,7 @@ import torch.distributed as dist
 
 from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
+from hipress.breakdown import StepTrace
 from hipress.errors import HiPressError
 
 __all__ = ["HookState", "comm_hook"]
@@ -27,6 +29,9 @@ class HookState:
         error_feedback: ``None`` = on for biased algorithms.
         min_compress: smaller buckets go through a plain allreduce.
         timeout: seconds before a silent peer raises ``SyncError``.
+        trace: record where each step's time goes (``take_trace``; ``hipress bench train
+            --breakdown``): the hook's calls, the wait at the end of backward and every
+            engine task.
         **codec_params: the algorithm's parameters (e.g. ``ratio=0.001`` for dgc).
 
     Example:
@@ -35,10 +40,12 @@ class HookState:
 
     def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
                  error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
-                 timeout: float | None = None, **codec_params: Any) -> None:
-        # user knobs, validated here (ValueError says why)
+                 timeout: float | None = None, trace: bool = False,
+                 **codec_params: Any) -> None:
+        # user knobs, validated here (a ConfigError says why)
         self.options = core.EngineOptions(algorithm, plan, topology, min_compress,
-                                          error_feedback, timeout, **codec_params)
+                                          error_feedback, timeout, trace=trace,
+                                          **codec_params)
         self.algorithm = algorithm
         self.plan = plan
         self.topology = topology
@@ -52,6 +59,7 @@ class HookState:
         self._param_names: dict[int, str] = {}
         # statistics
         self.steps = 0
+        self._trace: StepTrace | None = StepTrace() if trace else None
 
     def synchronizer(self) -> Any:
         if self.sync is None or not core.is_live(self.sync):
@@ -74,6 +82,17 @@ class HookState:
         self.steps = int(state.get("steps", 0))
         self._engine.load_state_dict(state.get("engine", {}), reset_residuals)
 
+    def take_trace(self) -> "StepTrace | None":
+        """What was recorded since the last call (``trace=True``), then start afresh: the
+        hook's calls and the end-of-backward wait on the training thread, and the engine's
+        tasks (``casync.executor``'s trace). None without ``trace``."""
+        if self._trace is None:
+            return None
+        taken, self._trace = self._trace, StepTrace()
+        if self.sync is not None and self.sync.executor.trace is not None:
+            taken.tasks, self.sync.executor.trace = self.sync.executor.trace, []
+        return taken
+
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank has sent through the hook so far."""
@@ -82,6 +101,7 @@ class HookState:
     def __getstate__(self) -> dict[str, Any]:
         # Engines, process groups, futures and object ids do not travel in pickles.
         dropped = {"sync": None, "_step_futures": None, "_error": None, "_param_names": {},
+                   "_trace": StepTrace() if self._trace is not None else None,
                    "_engine": core.LazyEngine(self.options)}
         return {k: v for k, v in self.__dict__.items() if k not in dropped} | dropped
 
@@ -113,6 +133,16 @@ class HookState:
         error, self._error = self._error, None
         if error is not None:
             raise error
+        if self._trace is not None:
+            start = time.perf_counter()
+            try:
+                self._wait(futures)
+            finally:
+                self._trace.tail.append((start, time.perf_counter()))
+            return
+        self._wait(futures)
+
+    def _wait(self, futures: list[torch.futures.Future[Any]]) -> None:
         for future in futures:
             try:
                 future.wait()
@@ -132,6 +162,16 @@ def comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
     one message per peer and stage, one batched kernel call per encode or decode. Its
     gradients too small to compress go through one plain allreduce, in place.
     """
+    if state._trace is not None:
+        start = time.perf_counter()
+        try:
+            return _comm_hook(state, bucket)
+        finally:
+            state._trace.hook.append((start, time.perf_counter()))
+    return _comm_hook(state, bucket)
+
+
+def _comm_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     try:
         sync = state.synchronizer()
     except HiPressError as exc:
