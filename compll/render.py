@@ -147,12 +147,13 @@ class CRenderer(ExprRenderer):
         t = self.ctype(elem)
         vals, idx = self.fresh("vals"), self.fresh("idx")
         tail = f"{'&' + idx if item.index else 'nullptr'}, &{vals}"
+        watch = ", r_ptr ? nullptr : g_in, nonfinite.ptr()" if item.watch else ""
         if e.fn == "filter":
             i = self.fresh("i")
             body = self.apply(e.args[1], [self.at(a, i)], i)
             pred_fn = f"{self.lam}(uint64_t {i}) -> bool {{ return {body}; }}"
             call = (f"hp::filter<{t}>({self.length(a)}, {self.element_fn(a, elem)}, {pred_fn}, "
-                    f"{tail});")
+                    f"{tail}{watch});")
         elif e.fn == "sort":
             desc = e.kwarg("descending")
             flag = "true" if isinstance(desc, ir.Const) and desc.value else "false"
@@ -160,7 +161,7 @@ class CRenderer(ExprRenderer):
                     f"{self.key_or_value(e)}, {flag}, {tail});")
         else:
             call = (f"hp::topk<{t}>({self.length(a)}, (int64_t)({self.expr(e.args[1])}), "
-                    f"{self.element_fn(a, elem)}, {self.key_or_value(e)}, {tail});")
+                    f"{self.element_fn(a, elem)}, {self.key_or_value(e)}, {tail}{watch});")
         self.emit(f"hp::buffer<{t}> {vals};")
         self.emit(f"hp::buffer<uint32_t> {idx};")
         self.emit(call)

@@ -237,6 +237,9 @@ class Selection:
     names: tuple[str, ...]
     call: ir.Call
     index: bool
+    #: also the non-finite flag of g (the encoder's input, which it scans whole), for
+    #: encodes without a residual (a filter's or topk's scan; ``Sum.watch``)
+    watch: bool = False
 
 
 @dataclass
@@ -420,7 +423,8 @@ def _show_item(item: Item) -> list[str]:
         return [f"let {item.name} = {show(item.value)}{later}"]
     if isinstance(item, (Selection, PackLet, Scatter)):
         names = ", ".join(item.names) if isinstance(item, Selection) else item.name
-        return [f"barrier {names} = {show(item.call)}"]
+        watch = ", and the non-finite flag of g" if getattr(item, "watch", False) else ""
+        return [f"barrier {names} = {show(item.call)}{watch}"]
     if isinstance(item, BlockReduce):
         names = f"{item.name}, {item.other}" if item.other else item.name
         key = f", key={show(item.key)}" if item.key is not None else ""

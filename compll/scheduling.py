@@ -477,12 +477,15 @@ def place_input(items: list[Item], early: bool, cpu: bool = False) -> list[Item]
     flag of the sum) before any other read of g: as the first op of the first pass when
     that pass runs over n, else as a loop of its own (first of all when a gather may read
     any index). Without a residual the flag comes from g, as the last op of the first
-    pass over n (the chunk is then in cache), or, where no pass over n follows, in the
-    loop of its own."""
+    pass over n (the chunk is then in cache), or in a filter's or topk's scan of g; else
+    in the loop of its own."""
     out: list[Item] = []
     pending = not early
     take: TakeInput | None = None
+    gname = ""
     for item in items:
+        if isinstance(item, EncodeInput):
+            gname = item.name
         if early and isinstance(item, EncodeInput):
             take = TakeInput()
             out += [item, take]
@@ -500,14 +503,27 @@ def place_input(items: list[Item], early: bool, cpu: bool = False) -> list[Item]
                 take = TakeInput()
                 out.append(take)
                 pending = False
+                if _scans_input(item, gname, cpu):
+                    item.watch = True  # type: ignore[union-attr]
+                    take.checks = False
             elif isinstance(item, PayloadSizes):
                 item.residual_on_retry = True
         elif take is not None and take.checks and isinstance(item, Pass) \
                 and item.extent == N:
             _check_in(item, cpu)
             take.checks = False
+        elif take is not None and take.checks and _scans_input(item, gname, cpu):
+            item.watch = True  # type: ignore[union-attr]
+            take.checks = False
         out.append(item)
     return out
+
+
+def _scans_input(item: Item, gname: str, cpu: bool) -> bool:
+    """Whether ``item`` is a filter or topk over the encoder's input itself, whose scan
+    reads every element of g (on the CPU the flag then rides it)."""
+    return cpu and isinstance(item, Selection) and item.call.fn in ("filter", "topk") \
+        and isinstance(item.call.args[0], ir.Var) and item.call.args[0].name == gname
 
 
 def _check_in(item: Pass, cpu: bool) -> None:

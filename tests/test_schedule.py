@@ -90,8 +90,9 @@ def test_hipress_dump_schedule_prints_it():
     ("fp16", "TakeInputOp", "the first pass", "Store"),   # else a section write's
     ("cgx", "TakeInput", "the pass over n", "PackStore"),  # a loop of its own, the check later
     ("qsgd", "TakeInput", "the pass over n", "PackStore"),
-    ("dgc", "TakeInput", None, None),                     # no pass over n: the loop checks g
-    ("topk", "TakeInput", None, None),
+    ("dgc", "TakeInput", "a scan of g", "Selection"),     # the filter over g reads it all
+    ("topk", "TakeInput", "a scan of g", "Selection"),    # so does top-k's candidate scan
+    ("randomk", "TakeInput", None, None),                 # nothing reads all of g: a loop
 ])
 def test_the_non_finite_flag_rides_a_pass_the_encoder_makes_anyway(name, take, host, rider):
     """Without a residual the flag of g rides the loop of an op of a pass over n that
@@ -109,9 +110,15 @@ def test_the_non_finite_flag_rides_a_pass_the_encoder_makes_anyway(name, take, h
         assert not takes and isinstance(riders(encode)[0][0].ops[0], sch.TakeInputOp)
     else:
         assert len(takes) == 1 and takes[0].checks == (host is None)
+    scans = [item for item in encode.items if isinstance(item, sch.Selection) and item.watch]
     over_n, found = riders(encode)
     if host is None:
-        assert not found
+        assert not found and not scans
+        return
+    if rider == "Selection":
+        assert not found and len(scans) == 1 and scans[0].call.fn in ("filter", "topk")
+        cuda, _ = kernels(load(name), CudaRenderer)  # the GPU's take checks g itself
+        assert [t.checks for t in cuda.items if isinstance(t, sch.TakeInput)] == [True]
         return
     assert [(p, type(op).__name__) for p, op in found] == [(over_n[0], rider)]
     cuda, _ = kernels(load(name), CudaRenderer)

@@ -864,8 +864,51 @@ void pack_all(uint8_t* dst, uint64_t len, F f) {
 // Stream compaction in index order, one pass over the input: each block compacts into
 // its own small buffers while its elements are in cache, then blocks are copied to
 // their offsets (for sparse results the copy is tiny).
+// The kept indices of one block [lo, hi) into sc; with WATCH also the non-finite flag of
+// watch[lo, hi), in the predicate's loop.
+template <bool WATCH, class P>
+inline uint64_t filter_block(uint64_t lo, uint64_t hi, const P& pred, uint32_t* sc,
+                             const float* watch, uint32_t* flag) {
+  uint64_t cnt = 0;
+  uint32_t top = 0;
+  // The predicate of 64 elements at a time into bytes (a loop that vectorises); only
+  // a group with a kept element is compacted, branch-free: always write, advance if
+  // kept. Sparse selections (dgc, top-k candidates) skip nearly every group.
+  alignas(64) uint8_t keep[64];
+  uint32_t i = (uint32_t)lo;
+  const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
+  for (; i + 64 <= lim; i += 64) {
+    const uint32_t end = i + 64;
+    for (uint32_t j = i; j < end; ++j) keep[j - i] = pred(j) ? 1 : 0;
+    if constexpr (WATCH) {  // the group is in L1 now; a loop of its own vectorises
+      for (uint32_t j = i; j < end; ++j) {
+        const uint32_t m = hp_f2u(watch[j]) & 0x7FFFFFFFu;
+        top = m > top ? m : top;
+      }
+    }
+    uint64_t w[8];
+    std::memcpy(w, keep, 64);
+    if ((w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) == 0) continue;
+    for (uint32_t j = 0; j < 64; ++j) {
+      sc[cnt] = i + j;
+      cnt += keep[j];
+    }
+  }
+  for (; i < (uint32_t)hi; ++i) {
+    sc[cnt] = i;
+    cnt += pred(i) ? 1 : 0;
+    if constexpr (WATCH) {
+      const uint32_t m = hp_f2u(watch[i]) & 0x7FFFFFFFu;
+      top = m > top ? m : top;
+    }
+  }
+  if constexpr (WATCH) raise_if(top, flag);
+  return cnt;
+}
+
 template <class T, class V, class P>
-void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector<T>* out) {
+void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector<T>* out,
+            const float* watch = nullptr, uint32_t* flag = nullptr) {
   const int64_t blocks = (int64_t)((len + GRAIN - 1) / GRAIN);
   std::vector<std::vector<uint32_t>> bidx((size_t)blocks);
 #pragma omp parallel
@@ -875,28 +918,8 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
     for (int64_t b = 0; b < blocks; ++b) {
       const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
       uint32_t* sc = scratch.data();
-      uint64_t cnt = 0;
-      // The predicate of 64 elements at a time into bytes (a loop that vectorises); only
-      // a group with a kept element is compacted, branch-free: always write, advance if
-      // kept. Sparse selections (dgc, top-k candidates) skip nearly every group.
-      alignas(64) uint8_t keep[64];
-      uint32_t i = (uint32_t)lo;
-      const uint32_t lim = (uint32_t)std::min<uint64_t>(hi, GROUP_LIMIT);
-      for (; i + 64 <= lim; i += 64) {
-        const uint32_t end = i + 64;
-        for (uint32_t j = i; j < end; ++j) keep[j - i] = pred(j) ? 1 : 0;
-        uint64_t w[8];
-        std::memcpy(w, keep, 64);
-        if ((w[0] | w[1] | w[2] | w[3] | w[4] | w[5] | w[6] | w[7]) == 0) continue;
-        for (uint32_t j = 0; j < 64; ++j) {
-          sc[cnt] = i + j;
-          cnt += keep[j];
-        }
-      }
-      for (; i < (uint32_t)hi; ++i) {
-        sc[cnt] = i;
-        cnt += pred(i) ? 1 : 0;
-      }
+      const uint64_t cnt = watch ? filter_block<true>(lo, hi, pred, sc, watch, flag)
+                                 : filter_block<false>(lo, hi, pred, sc, watch, flag);
       bidx[(size_t)b].assign(sc, sc + cnt);
     }
   }
@@ -937,11 +960,14 @@ void sort(uint64_t len, V val, K key, bool descending, std::vector<uint32_t>* id
 // Exact top-k: the k best under (key descending, NaN last, lower index first),
 // returned in index order. A strided sample bounds the threshold from below so the
 // exact selection runs on a few candidates; if too few pass, all elements compete.
+// With watch, also the non-finite flag of watch[0, len) (g, which the candidates' scan
+// reads whole; a loop of its own where that scan does not run).
 template <class T, class V, class K>
 void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
-          std::vector<T>* out) {
+          std::vector<T>* out, const float* watch = nullptr, uint32_t* flag = nullptr) {
   const uint64_t k = kk <= 0 ? 0 : std::min<uint64_t>((uint64_t)kk, len);
   std::vector<uint32_t> cand;
+  bool watched = false;
   if (k > 0 && len > 65536 && k * 8 < len) {
     const uint64_t samples = std::min<uint64_t>(len, 16384), stride = len / samples;
     std::vector<double> s((size_t)samples);
@@ -956,15 +982,17 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
         const float t = (float)thr;
         filter<uint32_t>(
             len, [](uint64_t i) { return (uint32_t)i; },
-            [=](uint64_t i) { return key(i) >= t; }, nullptr, &picked);
+            [=](uint64_t i) { return key(i) >= t; }, nullptr, &picked, watch, flag);
       } else {
         filter<uint32_t>(
             len, [](uint64_t i) { return (uint32_t)i; },
-            [=](uint64_t i) { return (double)key(i) >= thr; }, nullptr, &picked);
+            [=](uint64_t i) { return (double)key(i) >= thr; }, nullptr, &picked, watch, flag);
       }
+      watched = true;
       if (picked.size() >= k) cand = std::move(picked);
     }
   }
+  if (watch && !watched) take_input(nullptr, watch, len, flag, true);
   if (cand.empty()) {
     cand.resize((size_t)len);
     std::iota(cand.begin(), cand.end(), 0u);
