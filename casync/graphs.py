@@ -144,7 +144,8 @@ class Context:
         items["n"] = [s.n for s in segs]
         if res is not None:
             items["r"] = [self.memory.ptr(r) for r in res]
-            if isinstance(self.memory, HostMemory):  # the CPU defers the update (feedback.py)
+            # the CPU kernels defer the update (feedback.py)
+            if isinstance(self.memory, HostMemory) and self.codec.defers_feedback():
                 assert self.feedback is not None and role is not None
                 kept = [self.feedback.kept((*s.key, role), self.codec, int(cap))
                         for s, cap in zip(segs, caps, strict=True)]

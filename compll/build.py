@@ -29,7 +29,7 @@ from .diagnostics import BuildError
 from .render import render
 
 __all__ = ["Artifact", "build", "cache_dir", "compiler_for", "cuda_archs", "pip_nvcc",
-           "CPU_FLAGS", "CUDA_ARCHS"]
+           "CPU_FLAGS", "CUDA_ARCHS", "EMU_FLAGS", "TARGETS"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: No -ffast-math and no FMA contraction: kernels must round exactly like the interpreter.
@@ -39,6 +39,17 @@ CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-ffp-contract=off",
              "-fno-math-errno", "-fno-trapping-math", "-march=native", "-w")
 #: The CPU source compiles as two objects at once (encoder, decoder), then links.
 CPU_PARTS = ("-DHP_PART=1", "-DHP_PART=2")
+#: cuda-emu: the CUDA target's source as host C++ against templates/emu/cuda_runtime.h
+#: (the launches run on the CPU under a deterministic scheduler). -O2, not the CPU
+#: target's -O3 -march=native: an emulator's speed matters less than a quick build, and
+#: rounding is the same without FMA contraction.
+EMU_FLAGS = ("-x", "c++", "-std=c++17", "-O2", "-fPIC", "-shared", "-ffp-contract=off",
+             "-fno-math-errno", "-w")
+#: ``HIPRESS_EMU_ASAN=1`` adds AddressSanitizer (out-of-bounds and use-after-free reads
+#: of emulated device memory); the process must then load libasan first (LD_PRELOAD).
+EMU_ASAN_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer")
+#: What ``build`` takes.
+TARGETS = ("cpu", "cuda", "cuda-emu")
 #: Architectures built when no device says which (``cuda_archs``).
 CUDA_ARCHS = ("80", "90")
 #: ``--threads 0``: nvcc compiles the architectures at once, one thread each (sm_80 and
@@ -83,7 +94,7 @@ def compiler_for(target: str) -> str:
     user installed with HiPress), else ``nvcc`` on the PATH. NVRTC is no option: the
     generated CUDA source holds host code (launches, the scalar logic) as well as kernels,
     and NVRTC compiles device code only."""
-    if target == "cpu":
+    if target in ("cpu", "cuda-emu"):
         names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
         var = "CXX"
     else:
@@ -99,7 +110,7 @@ def compiler_for(target: str) -> str:
             return found
     hint = " (or pip install 'hipress[cuda]')" if target == "cuda" else ""
     raise BuildError(
-        f"no {'C++' if target == 'cpu' else 'CUDA'} compiler found (tried {', '.join(names)}); "
+        f"no {'CUDA' if target == 'cuda' else 'C++'} compiler found (tried {', '.join(names)}); "
         f"install one{hint} or set {var} to its path"
     )
 
@@ -153,6 +164,8 @@ def _host_signature() -> str:
 def _runtime_text(target: str) -> str:
     runtime = (["cpu_runtime.h", "cpu_blocks.h"] if target == "cpu"
                else ["cuda_runtime.cuh", "cuda_blocks.cuh"])
+    if target == "cuda-emu":
+        runtime.append("emu/cuda_runtime.h")
     names = ["common.h", "host.h", *runtime]
     return header_text() + "".join((_TEMPLATES / n).read_text() for n in names)
 
@@ -168,6 +181,10 @@ def _steps(target: str, compiler: str, source: Path, library: Path,
                         for part, obj in zip(CPU_PARTS, objects, strict=True)]
         link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
         return [compile_step, [link]]
+    if target == "cuda-emu":
+        # the emulator's header comes first, standing in for <cuda_runtime.h>
+        return [[[compiler, *_emu_flags(), f"-I{_TEMPLATES / 'emu'}", *include, str(source),
+                  "-o", str(library)]]]
     arch = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     return [[[compiler, *CUDA_FLAGS, *arch, *include, str(source), "-o", str(library)]]]
 
@@ -192,6 +209,11 @@ def _run_all(cmds: list[list[str]]) -> tuple[list[str], str] | None:
     return failed
 
 
+def _emu_flags() -> tuple[str, ...]:
+    asan = os.environ.get("HIPRESS_EMU_ASAN", "") not in ("", "0")
+    return EMU_FLAGS + (EMU_ASAN_FLAGS if asan else ())
+
+
 def _suffix(target: str) -> str:
     return ".cpp" if target == "cpu" else ".cu"
 
@@ -201,7 +223,8 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
 
     Args:
         program: a checked program (parameters are compiled in).
-        target: ``"cpu"`` or ``"cuda"``.
+        target: ``"cpu"``, ``"cuda"`` or ``"cuda-emu"`` (the CUDA source, emulated on
+            the CPU).
         use_cache: default: on unless ``HIPRESS_NO_CACHE`` is set.
 
     Returns:
@@ -212,10 +235,13 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
     """
     if use_cache is None:
         use_cache = os.environ.get("HIPRESS_NO_CACHE", "") in ("", "0")
-    source = render(program, target)
+    if target not in TARGETS:
+        raise BuildError(f"no build target {target!r}; choose one of {', '.join(TARGETS)}")
+    source = render(program, "cuda" if target == "cuda-emu" else target)
     compiler = compiler_for(target)
     archs = cuda_archs() if target == "cuda" else ()
-    flags = CPU_FLAGS + CPU_PARTS if target == "cpu" else CUDA_FLAGS + archs
+    flags = {"cpu": CPU_FLAGS + CPU_PARTS, "cuda": CUDA_FLAGS + archs,
+             "cuda-emu": _emu_flags()}[target]
     key = hashlib.sha256("\0".join([
         source, _runtime_text(target), _compiler_version(compiler), " ".join(flags), target,
         _host_signature() if target == "cpu" else "",

@@ -19,8 +19,10 @@ from .payload import framed_size, nonfinite
 __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
 #: Backends a codec can run on. ``auto`` runs CUDA tensors on the GPU and everything
-#: else on the CPU; ``ref`` is the NumPy reference interpreter, the oracle of the others.
-TARGETS = ("auto", "cpu", "cuda", "ref")
+#: else on the CPU; ``ref`` is the NumPy reference interpreter, the oracle of the others;
+#: ``cuda-emu`` runs the CUDA target's kernels on the CPU (host data, as ``cpu``) under
+#: an emulator that checks them, for testing without a GPU.
+TARGETS = ("auto", "cpu", "cuda", "ref", "cuda-emu")
 
 
 def _check_count(n: int) -> None:
@@ -84,7 +86,7 @@ class Codec:
         self.step = 0
         self._kernels: dict[str, Any] = {}
         self._caps: dict[int, int] = {}
-        if target in ("cpu", "cuda"):
+        if target in ("cpu", "cuda", "cuda-emu"):
             self._kernel(target)  # build now, so a broken toolchain fails at construction
 
     def _kernel(self, target: str) -> Any:
@@ -93,7 +95,7 @@ class Codec:
         return self._kernels[target]
 
     def _backend(self, on_gpu: bool) -> str:
-        if on_gpu and self.target in ("cpu", "ref"):
+        if on_gpu and self.target in ("cpu", "ref", "cuda-emu"):
             raise ConfigError(f"the data is on the GPU but this codec's target is "
                               f"{self.target!r}; use target='cuda' or 'auto'")
         if not on_gpu and self.target == "cuda":
@@ -102,6 +104,12 @@ class Codec:
         if self.target == "auto":
             return "cuda" if on_gpu else "cpu"
         return self.target
+
+    def defers_feedback(self, on_gpu: bool = False) -> bool:
+        """Whether batched encodes on this backend defer error feedback's second residual
+        update to the site's next encode (``hp::EncItem``'s keep): the CPU target's
+        kernels do; the CUDA ones (and so ``cuda-emu``) update at once."""
+        return self._backend(on_gpu) == "cpu"
 
     @property
     def name(self) -> str:
@@ -542,7 +550,9 @@ def codec(name_or_path: str | os.PathLike[str], target: str = "auto", seed: int 
     Args:
         name_or_path: an algorithm name from ``algorithms()`` or a path to a ``.cll`` file.
         target: ``"auto"`` (CUDA tensors on the GPU, everything else on the CPU),
-            ``"cpu"``, ``"cuda"``, or ``"ref"`` for the NumPy reference interpreter.
+            ``"cpu"``, ``"cuda"``, ``"ref"`` for the NumPy reference interpreter, or
+            ``"cuda-emu"``: the CUDA kernels run on the CPU by an emulator that checks
+            them (host data; see docs/compll.md).
             Kernels are compiled on first use and cached (see ``compll.build``).
         seed: the RNG seed of stochastic algorithms.
         **params: overrides of the algorithm's ``param`` declarations.

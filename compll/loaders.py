@@ -44,7 +44,7 @@ from .build import Artifact, build
 from .constants import FEEDBACK, SCALE_SUM
 from .payload import algorithm_id, fixed_count, header_size, size_rule
 
-__all__ = ["Kernel", "CpuKernel", "CudaKernel", "load_kernel", "payload_size_hint",
+__all__ = ["Kernel", "CpuKernel", "CudaKernel", "EmuKernel", "load_kernel", "payload_size_hint",
            "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK", "SCALE_SUM"]
 
 _ERRCAP = 512
@@ -313,7 +313,16 @@ class CudaKernel(Kernel):
             return self.run_merge_encode_batch(items, seed, msg.data_ptr(), msg.numel())
 
 
+class EmuKernel(CpuKernel):
+    """The CUDA library built for ``cuda-emu``: the generated CUDA source run on the CPU
+    by ``templates/emu/cuda_runtime.h``, whose "device" memory is host memory, so it is
+    called on NumPy arrays and CPU tensors exactly as the CPU target is."""
+
+    target = "cuda-emu"
+
+
 def load_kernel(program: ir.Program, target: str) -> Kernel:
     """Build (or fetch from the cache) and load ``program`` for ``target``."""
     artifact = build(program, target)
-    return CpuKernel(program, artifact) if target == "cpu" else CudaKernel(program, artifact)
+    kinds = {"cpu": CpuKernel, "cuda": CudaKernel, "cuda-emu": EmuKernel}
+    return kinds[target](program, artifact)

@@ -132,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE.cll")
     p.add_argument("--param", "-p", action="append", type=_param, metavar="NAME=VALUE",
                    help="override a parameter (repeatable)")
-    p.add_argument("--target", choices=["cpu", "cuda"],
-                   help="also generate and build kernels for this target")
+    p.add_argument("--target", choices=["cpu", "cuda", "cuda-emu"],
+                   help="also generate and build kernels for this target (cuda-emu: the "
+                        "CUDA source built to run on the CPU under the emulator)")
     p.add_argument("-o", "--output", metavar="DIR", help="copy the source and library here")
     p.set_defaults(func=_cmd_compile)
 

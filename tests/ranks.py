@@ -131,9 +131,9 @@ def _torch_tensor(values: np.ndarray, dtype: str, contiguous: bool) -> Any:
 
 def _stand_in(args: dict[str, Any]) -> None:
     """With ``device``, CPU tensors take the path CUDA tensors take (torch buffers,
-    residuals and scratch), on the CPU kernels, with ``device``'s link: ``staged``
-    (payloads through host buffers) or ``nccl`` (device buffers, batched stages in one
-    order; here over Gloo)."""
+    residuals and scratch), on the CPU kernels (or, with ``target="cuda-emu"``, the CUDA
+    ones, emulated), with ``device``'s link: ``staged`` (payloads through host buffers) or
+    ``nccl`` (device buffers, batched stages in one order; here over Gloo)."""
     if args.get("device"):
         from casync import synchronizer
         from casync.transport import Transport
@@ -184,7 +184,8 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     for algo in args.get("algos", ALGOS):
         for topo in args.get("topologies", TOPOLOGIES):
             planner = StaticPlanner(algo, topo, min_compress=512, partition_bytes=16 << 10)
-            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=8192, timeout=60)
+            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=8192, timeout=60,
+                                target=args.get("target", "auto"))
             tensors = [_torch_tensor(data(rank, i, n), dt, c)
                        for i, (n, dt, c) in enumerate(TENSORS)]
             if args.get("cuda"):  # ranks share the GPU (the staged link)
@@ -229,7 +230,7 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     n, steps = 20_000, args.get("steps", 50)
     algo, topo = args["algo"], args["topology"]
     planner = StaticPlanner(algo, topo, min_compress=0, partition_bytes=n * 4)
-    sync = Synchronizer(algo, topo, planner=planner,
+    sync = Synchronizer(algo, topo, planner=planner, target=args.get("target", "auto"),
                         error_feedback=args.get("error_feedback"), timeout=60)
     total = np.zeros(n, np.float64)
     for step in range(steps):

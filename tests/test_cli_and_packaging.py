@@ -175,6 +175,7 @@ def test_wheel_ships_dsl_files_and_plugins(tmp_path):
         assert f"hipress/dsl/{algo}.cll" in names
     assert "hipress/torch/__init__.py" in names
     assert "compll/grammar.lark" in names
+    assert "compll/templates/emu/cuda_runtime.h" in names  # the cuda-emu target's runtime
 
 
 @pytest.mark.cpu
@@ -184,6 +185,10 @@ def test_compile_emits_and_builds(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"library: {tmp_path}" in out
     assert (tmp_path / "onebit.so").exists() and (tmp_path / "onebit.cpp").exists()
+    assert main(["compile", str(ROOT / "dsl" / "onebit.cll"), "--target", "cuda-emu",
+                 "-o", str(tmp_path / "emu")]) == 0
+    assert "cuda-emu: built" in capsys.readouterr().out
+    assert (tmp_path / "emu" / "onebit.so").exists() and (tmp_path / "emu" / "onebit.cu").exists()
 
 
 @pytest.mark.parametrize("module,forbidden", [

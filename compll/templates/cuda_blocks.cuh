@@ -69,8 +69,8 @@ void block_sum_f32(uint64_t len, uint64_t b, F f, float* out) {
   const Segments sg = segments(len, b);
   if (!sg.count) return;
   buffer<double> lanes(sg.count * SUM_LANES);
-  k_block_sum_lanes<<<blocks_for(sg.count * SUM_LANES), THREADS, 0, stream()>>>(sg, f, lanes.data());
-  k_block_sum_finish<<<blocks_for(sg.count / sg.per), THREADS, 0, stream()>>>(sg, lanes.data(), out);
+  HP_LAUNCH(k_block_sum_lanes, blocks_for(sg.count * SUM_LANES), THREADS)(sg, f, lanes.data());
+  HP_LAUNCH(k_block_sum_finish, blocks_for(sg.count / sg.per), THREADS)(sg, lanes.data(), out);
   check(cudaGetLastError(), "block sum kernel");
 }
 
@@ -99,7 +99,7 @@ __global__ void k_segment_reduce(Segments sg, F f, T init, Combine combine, T* p
   }
 }
 inline unsigned segment_grid(uint64_t count) {
-  return (unsigned)std::min<uint64_t>(count, 65535ull * 16);
+  return (unsigned)std::min<uint64_t>(count, HP_GRID_CAP * 2);
 }
 
 // FLOAT: NaN-ignoring extremes, zero as +0, a block of NaN only gives the canonical NaN.
@@ -130,13 +130,13 @@ void block_sum_int(uint64_t len, uint64_t b, F f, T* out) {
   if (!sg.count) return;
   buffer<int64_t> part(sg.count);
   auto wide = [f] __device__(uint64_t i) { return (int64_t)(uint32_t)f(i); };
-  k_segment_reduce<<<segment_grid(sg.count), THREADS, 0, stream()>>>(sg, wide, (int64_t)0, AddI64{}, part.data(),
+  HP_LAUNCH(k_segment_reduce, segment_grid(sg.count), THREADS)(sg, wide, (int64_t)0, AddI64{}, part.data(),
                                                     (int*)nullptr);
   buffer<int64_t> total(sg.count / sg.per);
-  k_segment_finish<false><<<blocks_for(sg.count / sg.per), THREADS, 0, stream()>>>(
+  HP_LAUNCH(k_segment_finish<false>, blocks_for(sg.count / sg.per), THREADS)(
       sg, part.data(), (const int*)nullptr, (int64_t)0, AddI64{}, total.data());
   auto narrow = [t = total.data()] __device__(uint64_t k) { return (T)(uint32_t)t[k]; };
-  k_materialize<<<blocks_for(sg.count / sg.per), THREADS, 0, stream()>>>(out, sg.count / sg.per, narrow);
+  HP_LAUNCH(k_materialize, blocks_for(sg.count / sg.per), THREADS)(out, sg.count / sg.per, narrow);
   check(cudaGetLastError(), "block sum kernel");
 }
 
@@ -148,9 +148,9 @@ void block_extreme_f32(uint64_t len, uint64_t b, F f, float* out) {
   buffer<float> part(sg.count);
   buffer<int> nans(sg.count);
   auto as_f = [f] __device__(uint64_t i) { return (float)f(i); };
-  k_segment_reduce<<<segment_grid(sg.count), THREADS, 0, stream()>>>(sg, as_f, init, ExtremeOp<IS_MAX>{},
+  HP_LAUNCH(k_segment_reduce, segment_grid(sg.count), THREADS)(sg, as_f, init, ExtremeOp<IS_MAX>{},
                                                     part.data(), nans.data());
-  k_segment_finish<true><<<blocks_for(sg.count / sg.per), THREADS, 0, stream()>>>(
+  HP_LAUNCH(k_segment_finish<true>, blocks_for(sg.count / sg.per), THREADS)(
       sg, part.data(), nans.data(), init, ExtremeOp<IS_MAX>{}, out);
   check(cudaGetLastError(), "block max/min kernel");
 }
@@ -167,9 +167,9 @@ void block_extreme_int(uint64_t len, uint64_t b, F f, T* out) {
   if (!sg.count) return;
   const T init = IS_MAX ? std::numeric_limits<T>::min() : std::numeric_limits<T>::max();
   buffer<T> part(sg.count);
-  k_segment_reduce<<<segment_grid(sg.count), THREADS, 0, stream()>>>(sg, f, init, ExtremeIntOp<IS_MAX, T>{},
+  HP_LAUNCH(k_segment_reduce, segment_grid(sg.count), THREADS)(sg, f, init, ExtremeIntOp<IS_MAX, T>{},
                                                     part.data(), (int*)nullptr);
-  k_segment_finish<false><<<blocks_for(sg.count / sg.per), THREADS, 0, stream()>>>(
+  HP_LAUNCH(k_segment_finish<false>, blocks_for(sg.count / sg.per), THREADS)(
       sg, part.data(), (const int*)nullptr, init, ExtremeIntOp<IS_MAX, T>{}, out);
   check(cudaGetLastError(), "block max/min kernel");
 }

@@ -22,6 +22,12 @@
 #include "common.h"
 #include "host.h"
 
+// Every launch goes through this macro: a real launch on the caller's stream under nvcc,
+// the emulator's (compll/templates/emu/cuda_runtime.h) when built as host C++.
+#ifndef HP_LAUNCH
+#define HP_LAUNCH(kernel, grid, block) kernel<<<(grid), (block), 0, ::hp::stream()>>>
+#endif
+
 namespace hp {
 
 constexpr int THREADS = 256;
@@ -47,9 +53,14 @@ inline void check(cudaError_t e, const char* what) {
 }
 inline bool failed() { return error_text()[0] != 0; }
 
+// The most blocks a grid-stride launch gets; its loops cover the rest. The emulator
+// lowers it, so that the loops stride at the sizes its tests can afford.
+#ifndef HP_GRID_CAP
+#define HP_GRID_CAP (65535ull * 8)
+#endif
 inline unsigned blocks_for(uint64_t n) {
   const uint64_t b = (n + THREADS - 1) / THREADS;
-  return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>(b, 65535ull * 8));
+  return (unsigned)std::max<uint64_t>(1, std::min<uint64_t>(b, HP_GRID_CAP));
 }
 
 // A device array owned by the host code, like std::vector on the CPU.
@@ -320,8 +331,8 @@ struct SumF32 {
     double total = 0.0;
     if (chunks) {
       buffer<double> lanes(chunks * SUM_LANES), part(chunks);
-      k_sum_lanes<<<blocks_for(chunks * SUM_LANES), THREADS, 0, stream()>>>(len, f, st, lanes.data());
-      k_combine_lanes<<<blocks_for(chunks), THREADS, 0, stream()>>>(chunks, lanes.data(), part.data());
+      HP_LAUNCH(k_sum_lanes, blocks_for(chunks * SUM_LANES), THREADS)(len, f, st, lanes.data());
+      HP_LAUNCH(k_combine_lanes, blocks_for(chunks), THREADS)(chunks, lanes.data(), part.data());
       check(cudaGetLastError(), "sum kernel");
       for (double p : to_host(part.data(), chunks)) total += p;
     }
@@ -354,7 +365,7 @@ struct SumInt {
     if (chunks) {
       buffer<int64_t> part(chunks);
       auto wide = [f = f] __device__(uint64_t i, const Stage& s) { return (int64_t)f(i, s); };
-      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, wide, st, (int64_t)0, AddI64{},
+      HP_LAUNCH(k_chunk_reduce, (unsigned)chunks, THREADS)(len, wide, st, (int64_t)0, AddI64{},
                                                    part.data(), (int*)nullptr);
       check(cudaGetLastError(), "sum kernel");
       for (int64_t p : to_host(part.data(), chunks)) total += (uint64_t)p;
@@ -377,7 +388,7 @@ struct ExtremeF32 {
       buffer<float> part(chunks);
       buffer<int> nans(chunks);
       auto as_f = [f = f] __device__(uint64_t i, const Stage& s) { return (float)f(i, s); };
-      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, as_f, st, IS_MAX ? -HP_INF : HP_INF,
+      HP_LAUNCH(k_chunk_reduce, (unsigned)chunks, THREADS)(len, as_f, st, IS_MAX ? -HP_INF : HP_INF,
                                                    ExtremeOp<IS_MAX>{}, part.data(), nans.data());
       check(cudaGetLastError(), "max/min kernel");
       const std::vector<float> p = to_host(part.data(), chunks);
@@ -403,7 +414,7 @@ struct ExtremeInt {
     T best = init;
     if (chunks) {
       buffer<T> part(chunks);
-      k_chunk_reduce<<<(unsigned)chunks, THREADS, 0, stream()>>>(len, f, st, init, ExtremeIntOp<IS_MAX, T>{},
+      HP_LAUNCH(k_chunk_reduce, (unsigned)chunks, THREADS)(len, f, st, init, ExtremeIntOp<IS_MAX, T>{},
                                                    part.data(), (int*)nullptr);
       check(cudaGetLastError(), "max/min kernel");
       for (T p : to_host(part.data(), chunks)) best = IS_MAX ? (p > best ? p : best) : (p < best ? p : best);
@@ -421,9 +432,9 @@ struct Pack {
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
     if (BITS == 1) {
-      k_pack1<<<(unsigned)((len + THREADS - 1) / THREADS), THREADS, 0, stream()>>>(dst, len, f, st);
+      HP_LAUNCH(k_pack1, (unsigned)((len + THREADS - 1) / THREADS), THREADS)(dst, len, f, st);
     } else {
-      k_pack<BITS><<<blocks_for((len * BITS + 7) / 8), THREADS, 0, stream()>>>(dst, len, f, st);
+      HP_LAUNCH(k_pack<BITS>, blocks_for((len * BITS + 7) / 8), THREADS)(dst, len, f, st);
     }
     check(cudaGetLastError(), "pack kernel");
   }
@@ -437,7 +448,7 @@ struct Store {
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_store<<<blocks_for(len), THREADS, 0, stream()>>>(reinterpret_cast<T*>(dst), len, f, st);
+    HP_LAUNCH(k_store, blocks_for(len), THREADS)(reinterpret_cast<T*>(dst), len, f, st);
     check(cudaGetLastError(), "store kernel");
   }
 };
@@ -453,7 +464,7 @@ struct WriteOut {
   F f;
   void run(uint64_t len, const Stage& st) {
     if (!len) return;
-    k_write_out<<<blocks_for(len), THREADS, 0, stream()>>>(out, len, accumulate, scale, feedback, f, st);
+    HP_LAUNCH(k_write_out, blocks_for(len), THREADS)(out, len, accumulate, scale, feedback, f, st);
     check(cudaGetLastError(), "decode kernel");
   }
 };
@@ -470,7 +481,7 @@ __global__ void k_scale_into(float* x, uint64_t n, float s) {
 // x[i] *= s (a batched decode's SCALE_SUM: the mean of the sum).
 inline void scale_into(float* x, uint64_t n, float s) {
   if (!n) return;
-  k_scale_into<<<blocks_for(n), THREADS, 0, stream()>>>(x, n, s);
+  HP_LAUNCH(k_scale_into, blocks_for(n), THREADS)(x, n, s);
   check(cudaGetLastError(), "scale kernel");
 }
 
@@ -482,7 +493,7 @@ __global__ void k_add_into(float* r, const float* g, uint64_t n) {
 }
 inline void add_into(float* r, const float* g, uint64_t n) {
   if (!n) return;
-  k_add_into<<<blocks_for(n), THREADS, 0, stream()>>>(r, g, n);
+  HP_LAUNCH(k_add_into, blocks_for(n), THREADS)(r, g, n);
   check(cudaGetLastError(), "add kernel");
 }
 // ---- the encoder's first read of g, and the non-finite flag (see cpu_runtime.h) ----------
@@ -504,7 +515,7 @@ __global__ inline void k_take_input(float* r, const float* g, uint64_t n, uint32
 inline void take_input(float* r, const float* g, uint64_t n, uint32_t* flag,
                        bool checks = true) {
   if (!n || (!r && !checks)) return;
-  k_take_input<<<blocks_for(n), THREADS, 0, stream()>>>(r, g, n, flag);
+  HP_LAUNCH(k_take_input, blocks_for(n), THREADS)(r, g, n, flag);
   check(cudaGetLastError(), "input kernel");
 }
 // The flag word, in device memory (zeroed when made).
@@ -547,7 +558,7 @@ __global__ inline void k_fill(float* out, uint64_t n, float v) {
 }
 // A NONFINITE payload's decode: NaN everywhere, or 0 for a residual's update (feedback).
 inline int poison(float* out, uint64_t n, int feedback) {
-  if (n) k_fill<<<blocks_for(n), THREADS, 0, stream()>>>(out, n, feedback ? 0.0f : HP_NAN);
+  if (n) HP_LAUNCH(k_fill, blocks_for(n), THREADS)(out, n, feedback ? 0.0f : HP_NAN);
   check(cudaGetLastError(), "fill kernel");
   return 0;
 }
@@ -561,7 +572,7 @@ void pack_all(uint8_t* dst, uint64_t len, F f) {
 template <class T, class F>
 buffer<T> materialize(uint64_t len, F f) {
   buffer<T> out(len);
-  if (len) k_materialize<<<blocks_for(len), THREADS, 0, stream()>>>(out.data(), len, f);
+  if (len) HP_LAUNCH(k_materialize, blocks_for(len), THREADS)(out.data(), len, f);
   check(cudaGetLastError(), "materialize kernel");
   return out;
 }
@@ -575,7 +586,7 @@ void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) 
     return;
   }
   buffer<uint32_t> counts(tiles);
-  k_count<<<(unsigned)tiles, THREADS, 0, stream()>>>(len, pred, counts.data());
+  HP_LAUNCH(k_count, (unsigned)tiles, THREADS)(len, pred, counts.data());
   check(cudaGetLastError(), "filter count");
   std::vector<uint32_t> c = to_host(counts.data(), tiles);
   std::vector<uint64_t> start(tiles + 1, 0);
@@ -584,7 +595,7 @@ void filter(uint64_t len, V val, P pred, buffer<uint32_t>* idx, buffer<T>* out) 
   to_device(dstart.data(), std::vector<uint64_t>(start.begin(), start.end() - 1));
   if (idx) idx->resize(start[tiles]);
   out->resize(start[tiles]);
-  k_compact<<<(unsigned)tiles, THREADS, 0, stream()>>>(len, val, pred, dstart.data(),
+  HP_LAUNCH(k_compact, (unsigned)tiles, THREADS)(len, val, pred, dstart.data(),
                                           idx ? idx->data() : nullptr, out->data());
   check(cudaGetLastError(), "filter write");
 }
