@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from compll import codec as make_codec
-from hipress_errors import ConfigError
+from hipress.errors import ConfigError
 
 __all__ = ["Linear", "CostModel", "payload_bytes"]
 

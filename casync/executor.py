@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hipress_errors import HiPressError, SyncError
+from hipress.errors import HiPressError, SyncError
 
 from .transport import Handle, Transport
 

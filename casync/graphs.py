@@ -29,7 +29,7 @@ import numpy as np
 from compll import Codec
 from compll.constants import FEEDBACK
 from compll.loaders import DECODE_ITEM, ENCODE_ITEM
-from hipress_errors import PayloadError
+from hipress.errors import PayloadError
 
 from .chunks import Chunk, Segment
 from .devices import LENGTH, HostMemory, Link, Memory, Message, framed_payloads, numel

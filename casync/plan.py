@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from compll import MAX_ELEMENTS
-from hipress_errors import ConfigError
+from hipress.errors import ConfigError
 
 __all__ = ["TOPOLOGIES", "MIN_COMPRESS", "Plan", "Planner", "Greedy", "StaticPlanner"]
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from compll import codec as make_codec
 from compll.build import cache_dir
-from hipress_version import __version__
+from hipress._version import __version__
 
 from . import primitives as P
 from .baselines import naive_step
@@ -307,12 +307,11 @@ def _exchange(transport: Transport, largest: int) -> Callable[[int], None]:
     (``casync.simulate``'s naive): an all-gather of every rank's payload size (8 bytes),
     then one of the payloads.
 
-    Timed as the pair the baselines run: on 4 loopback ranks an all-gather alternating
-    with the sizes' one took 9 % longer per call than one repeated alone. Each exchange
-    follows a little codec-sized work (a merge of ``_GATHER_WORK`` floats, about 10 µs),
-    as the baselines call it: between collectives each rank computes, and the next
-    collective then waits for the later rank and for Gloo's threads to wake —
-    back-to-back calls without it measured half the mean.
+    Timed as the pair the baselines run, since an all-gather alternating with the sizes'
+    one costs more per call than one repeated alone. Each exchange follows a little
+    codec-sized work (a merge of ``_GATHER_WORK`` floats), as the baselines call it:
+    between collectives each rank computes, and the next collective then waits for the
+    later rank and for Gloo's threads to wake, which back-to-back calls never pay.
     """
     import torch
 

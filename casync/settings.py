@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from compll import load
-from hipress_errors import ConfigError, SyncError
+from hipress.errors import ConfigError, SyncError
 
 from .health import default_store
 from .plan import MIN_COMPRESS

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hipress_errors import ConfigError
+from hipress.errors import ConfigError
 
 from .costmodel import CostModel
 from .feedback import ErrorFeedback

@@ -13,8 +13,8 @@ import numpy as np
 
 from compll import Codec, codec
 from compll.payload import VERSION, algorithm_id
-from hipress_errors import ConfigError, SyncError
-from hipress_version import __version__
+from hipress._version import __version__
+from hipress.errors import ConfigError, SyncError
 
 from . import lifecycle
 from .chunks import CHUNK_ELEMS, Chunk, Chunker, Entry

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress_errors import ConfigError
+from hipress.errors import ConfigError
 
 __all__ = ["Handle", "Transport", "NcclTransport", "Sequencer", "tag_space", "parse_rate",
            "Pacer"]

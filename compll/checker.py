@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress_errors import ConfigError
+from hipress.errors import ConfigError
 
 from . import calls, ir
 from .builtins import BUILTINS, Builtin, Kind, of_kind

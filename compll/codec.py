@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress_errors import ConfigError, PayloadError
+from hipress.errors import ConfigError, PayloadError
 
 from . import compiler, interpreter
 from .constants import FEEDBACK, MAX_ELEMENTS, SCALE_SUM

@@ -9,7 +9,7 @@ from pathlib import Path
 from pprint import pformat
 from typing import Any
 
-from hipress_errors import CompileError, ConfigError
+from hipress.errors import CompileError, ConfigError
 
 from . import ir
 from .checker import check

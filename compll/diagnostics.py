@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hipress_errors import CompileError
+from hipress.errors import CompileError
 
 from .ir import Pos
 

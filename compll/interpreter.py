@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress_errors import PayloadError
+from hipress.errors import PayloadError
 
 from . import ir, payload, rng
 from .builtins import BUILTINS, Kind

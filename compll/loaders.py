@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress_errors import ConfigError, HiPressError, PayloadError
+from hipress.errors import ConfigError, HiPressError, PayloadError
 
 from . import ir
 from .build import Artifact, build

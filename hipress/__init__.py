@@ -12,8 +12,8 @@ The facade on top of the layers: the compiler (``compll``: ``codec``, ``algorith
 
 from typing import Any
 
-from hipress_errors import CompileError, ConfigError, HiPressError, PayloadError, SyncError
-from hipress_version import __version__
+from ._version import __version__
+from .errors import CompileError, ConfigError, HiPressError, PayloadError, SyncError
 
 __all__ = [
     "Codec", "algorithms", "codec",

@@ -1,5 +1,6 @@
 """The hipress command, the plugin import names and what an installed wheel ships."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -161,9 +162,18 @@ def test_missing_framework_gives_an_install_hint():
 
 @pytest.mark.slow
 def test_wheel_ships_dsl_files_and_plugins(tmp_path):
+    # Built from a copy of what a wheel is made of: setuptools never empties ``build/``,
+    # so a checkout's stale build output would otherwise ship with it.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("hipress", "compll", "casync", "plugins", "dsl"):
+        shutil.copytree(ROOT / name, src / name,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path), str(ROOT)],
+         "-w", str(tmp_path), str(src)],
         capture_output=True, text=True,
     )
     if proc.returncode and "setuptools" in proc.stderr and "No module" in proc.stderr:
@@ -176,6 +186,10 @@ def test_wheel_ships_dsl_files_and_plugins(tmp_path):
     assert "hipress/torch/__init__.py" in names
     assert "compll/grammar.lark" in names
     assert "compll/templates/emu/cuda_runtime.h" in names  # the cuda-emu target's runtime
+    assert "hipress/errors.py" in names and "hipress/_version.py" in names
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info",
+                                                                            ".data"))}
+    assert tops == {"hipress", "compll", "casync"}, tops  # no top-level modules
 
 
 @pytest.mark.cpu
@@ -191,6 +205,11 @@ def test_compile_emits_and_builds(tmp_path, capsys):
     assert (tmp_path / "emu" / "onebit.so").exists() and (tmp_path / "emu" / "onebit.cu").exists()
 
 
+#: what every layer may load of the ``hipress`` package: its leaves, not the facade's
+#: plugins, CLI or launcher
+LEAVES = ("hipress", "hipress.errors", "hipress._version")
+
+
 @pytest.mark.parametrize("module,forbidden", [
     ("compll", ("hipress", "casync")),          # the compiler imports nothing above it
     ("hipress.errors", ("compll", "casync")),   # the errors are a leaf
@@ -199,10 +218,21 @@ def test_compile_emits_and_builds(tmp_path, capsys):
 ])
 def test_layers_import_only_the_layers_below(module, forbidden):
     code = (f"import sys, {module}\n"
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))")
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}"
+            f" and m not in {LEAVES!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_errors_are_named_as_users_import_them_and_nothing_else_is_installed():
+    code = ("import hipress, pickle\n"
+            "e = pickle.loads(pickle.dumps(hipress.SyncError('x')))\n"
+            "print(hipress.SyncError.__module__, type(e).__module__, hipress.__version__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert proc.stdout.split()[:2] == ["hipress.errors", "hipress.errors"]
+    assert not list(ROOT.glob("hipress_*.py"))  # no top-level modules beside the packages
 
 
 def test_the_facade_re_exports_the_compiler_on_first_use():

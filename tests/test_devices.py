@@ -16,7 +16,7 @@ import torch
 from casync.devices import LENGTH, HostMemory, Link, Message, TorchMemory, memory_of
 from casync.feedback import ErrorFeedback
 from casync.synchronizer import _stage
-from hipress_errors import ConfigError, PayloadError
+from hipress.errors import ConfigError, PayloadError
 
 
 class _NoTransport:
