@@ -26,11 +26,9 @@ from .primitives import partition
 __all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
 
 #: Elements a chunk collects before it is sent (64 MiB of float32): large enough that a
-#: chunk's fixed costs (its messages, its tasks' hand-offs between the engine's threads,
-#: about 0.6 ms) vanish against its codec work, small enough that a model's step
-#: pipelines over at least two chunks. ResNet-50's step (25.6M elements, onebit and dgc
-#: ps) took 5-12 % less than with 4M-element chunks on 2 and 4 ranks, loopback and
-#: 1 Gbit/s links (docs/benchmarks.md).
+#: chunk's fixed costs (its messages, its tasks' hand-offs between the engine's threads)
+#: vanish against its codec work, small enough that a model's step pipelines over at
+#: least two chunks (docs/benchmarks.md, "Measurements behind the code").
 CHUNK_ELEMS = 16 << 20
 #: Plans whose routes a chunker keeps at most (a model's planner has a few; one that
 #: makes a new plan object per call must not grow the cache without bound).

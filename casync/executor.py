@@ -13,9 +13,8 @@ kinds:
 - ``p2p`` tasks (a host-wire send or receive) are posted by the p2p thread, lowest
   priority first, and a receive is then waited on the comm lane. A Gloo post takes its
   pair's lock, which the backend's loop thread holds while it reads an incoming
-  message: posted from the compute thread a send stalled the next encode (0.3 ms a send
-  in a running job, 0.05 ms alone), and receives posted while building a graph held up
-  the submitting thread as long.
+  message: posted from the compute thread a send stalled the next encode, and receives
+  posted while building a graph held up the submitting thread.
 
 Priorities are ``(graph, stage, index)``, the same on every rank: graphs are numbered in
 the order their chunks close, which every rank shares, and within a graph every send a

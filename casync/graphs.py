@@ -42,8 +42,8 @@ __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allg
 
 _LENGTH = LENGTH
 #: Elements up to which an uncompressed chunk's average runs on the thread that saw its
-#: allreduce finish (``casync.executor``'s inline lane): about 1 ms of copying at most,
-#: where handing it to the compute thread and back cost 0.1-0.3 ms.
+#: allreduce finish (``casync.executor``'s inline lane): so little copying that a
+#: hand-off to the compute thread and back would cost a sizeable share of it.
 INLINE_AVERAGE = 1 << 20
 
 
@@ -348,7 +348,7 @@ def _recv(graph: Graph, ctx: Context, spec: _In, tag: int) -> tuple[Task, Got]:
         return box[0]
 
     # Posted by the executor's p2p thread, as sends are: a Gloo receive's post waits on
-    # the same pair lock, 0.3 ms each on the building (submitting) thread.
+    # the same pair lock, which would stall the building (submitting) thread.
     task = graph.task(spec.name, "p2p", spec.prio,
                       lambda: ctx.transport.irecv(capacity, spec.src, tag, buffer))
     return task, message

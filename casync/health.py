@@ -16,8 +16,8 @@ from typing import Any
 __all__ = ["Health", "default_store"]
 
 _PREFIX = "hipress/health"
-#: Seconds between two progress posts at least: a post per step cost a short step about
-#: 0.3 ms (the store's round trip and the poster's wake-up competing with the step).
+#: Seconds between two progress posts at least: a post per step would tax a short step
+#: with the store's round trip and the poster's wake-up.
 POST_EVERY = 0.05
 #: Seconds a failing rank waits before it reads the others' progress: several
 #: ``POST_EVERY``, for posters slowed down by a busy host.

@@ -66,11 +66,9 @@ FREEZE = 4.0
 def _typical_mean(times: list[float]) -> float:
     """The mean of ``times`` without freezes (over ``FREEZE`` x the median).
 
-    Bursts of stalls a step pays on these shared cores stay in: they slowed a window of
-    calls by up to 3.3x its median. A freeze does not: one profile's 4M-element decode
-    came out at 6.8 ms against 1.1-1.4 ms in four others, which takes about 0.4 s more
-    over its 11 repetitions of 9 ms; and the bench that the profile predicts reports the
-    median step, which leaves out a step with such a freeze too.
+    Bursts of stalls a step pays on shared cores stay in, since a step pays them too. A
+    freeze does not: it would inflate a whole fit from one repetition, and the bench that
+    the profile predicts reports the median step, which leaves such a step out too.
     """
     limit = FREEZE * statistics.median(times)
     return statistics.fmean([t for t in times if t <= limit])
@@ -85,8 +83,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
     ``MAX_BATCH`` calls per ``BATCH_SECONDS``); there are ``reps`` repetitions, more
     for slow calls (``SAMPLE_SECONDS``), and the fit takes the mean over all of them:
     a step pays the mean of its many small calls, and with several ranks sharing few
-    cores that mean sits well above the median (a 1 KiB Gloo all-gather on 2 loopback
-    ranks: median 0.3 ms, mean up to 0.9 ms, from bursts of 4 ms stalls). Every rank
+    cores that mean sits well above the median (bursts of stalls). Every rank
     runs the same count, as collectives require. Freezes of the host are left out
     (``_typical_mean``). ``fixed`` is ``Linear.fit``'s rule for the fixed cost.
     """
