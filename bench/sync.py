@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from casync.baselines import naive_step  # noqa: E402
 from casync.chunks import CHUNK_ELEMS  # noqa: E402
-from casync.plan import MIN_COMPRESS  # noqa: E402
+from casync.plan import COMPRESSED, MIN_COMPRESS  # noqa: E402
 from hipress.cliargs import Parser, algorithm, count, number, rate  # noqa: E402
 from hipress.distributed import destroy_process_group  # noqa: E402
 from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
@@ -449,8 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="gradient profile: resnet50, vgg19, bert-base, ..., or "
                              "many-small (160 tensors of 2,000 floats)")
     parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
-    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather"],
-                        choices=["ps", "ring", "allgather", "auto"],
+    parser.add_argument("--topologies", nargs="+", default=list(COMPRESSED),
+                        choices=[*COMPRESSED, "auto"],
                         help="ps, ring, allgather, and auto (the cost-model planner on a "
                              "profile measured at the start of the run)")
     parser.add_argument("--validate", action="store_true",

@@ -28,6 +28,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from casync.plan import COMPRESSED  # noqa: E402
 from hipress.cliargs import Parser, algorithm, count, number  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
@@ -113,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--networks", nargs="+", choices=["loopback", "shaped"],
                         default=["loopback"], help="shaped links need root (tc, netns)")
     parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
-    parser.add_argument("--topologies", nargs="+", default=["ps", "ring", "allgather", "auto"],
-                        choices=["ps", "ring", "allgather", "auto"])
+    parser.add_argument("--topologies", nargs="+", default=[*COMPRESSED, "auto"],
+                        choices=[*COMPRESSED, "auto"])
     parser.add_argument("--steps", type=count(1), default=10, help="timed steps per case")
     parser.add_argument("--scale", type=number(above=0), default=1.0,
                         help="multiply tensor sizes")

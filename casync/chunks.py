@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .devices import numel
-from .plan import Plan
+from .plan import OWNED, Plan
 from .primitives import partition
 
 __all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
@@ -39,7 +39,7 @@ RING_PIECE = 65536
 
 
 class Entry:
-    """A submitted tensor: its float32 values, how to give them back, its future.
+    """A submitted tensor: its float32 values, how to give them back, its completion.
 
     A plain class with slots: one is made per tensor per step, and a dataclass's
     generated ``__init__`` and a computed ``numel`` were a visible share of a submit.
@@ -47,7 +47,10 @@ class Entry:
     Attributes:
         buf: the flat float32 values: a NumPy array (host), or a tensor on the
             gradient's GPU.
-        pending: segments not yet synchronized; the future resolves when it reaches 0.
+        future: the ``casync.staging.Completion`` it counts towards (None in tests and
+            the simulator).
+        pending: segments not yet synchronized (set where the chunker cuts it, counted
+            down by ``segment_done``).
         ptr: the address of ``buf`` (the batched kernels take addresses).
         memory: where ``buf`` lives (a ``casync.devices.Memory``); None: the host.
         ready: a CUDA event after the gradient was produced (and upcast): the engine's
@@ -59,15 +62,15 @@ class Entry:
     __slots__ = ("name", "tensor", "buf", "write_back", "future", "pending", "ptr",
                  "memory", "ready", "numel", "device")
 
-    def __init__(self, name: str, tensor: Any, buf: Any, write_back: bool, future: Any,
-                 pending: int = 0, ptr: int = 0, memory: Any = None, ready: Any = None
+    def __init__(self, name: str, tensor: Any, buf: Any, *, write_back: bool = False,
+                 future: Any = None, ptr: int = 0, memory: Any = None, ready: Any = None
                  ) -> None:
         self.name = name
         self.tensor = tensor
         self.buf = buf
         self.write_back = write_back
         self.future = future
-        self.pending = pending
+        self.pending = 0
         self.ptr = ptr
         self.memory = memory
         self.ready = ready
@@ -77,6 +80,12 @@ class Entry:
         else:
             self.numel = numel(buf)
             self.device = str(memory.device)
+
+    def segment_done(self) -> bool:
+        """One of its segments is synchronized; True when that was the last. Callers hold
+        the engine's completion lock: a tensor's segments finish on several threads."""
+        self.pending -= 1
+        return self.pending == 0
 
 
 class Segment:
@@ -247,7 +256,7 @@ class Chunker:
         chunk_plan = Plan(topology, plan.algorithm, 1, plan.params)
         same = self._same.setdefault(chunk_plan, chunk_plan)
         route = self._routes[id(plan)] = (plan, same, plan.compress,
-                                          topology in ("ps", "ring"), topology == "ring")
+                                          topology in OWNED, topology == "ring")
         return route
 
     def flush(self) -> list[Chunk]:

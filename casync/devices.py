@@ -37,7 +37,8 @@ from hipress.errors import ConfigError, PayloadError
 
 from .transport import Sequencer, Transport
 
-__all__ = ["LENGTH", "Memory", "HostMemory", "TorchMemory", "Message", "Link", "memory_of",
+__all__ = ["LENGTH", "Memory", "HostMemory", "TorchMemory", "Message", "Link", "GlooLink",
+           "StagedLink", "NcclLink", "link_for", "memory_of",
            "framed_payloads", "numel"]
 
 #: bytes in front of a message's payloads: their total length
@@ -282,26 +283,27 @@ class Message:
 
 
 class Link:
-    """How the messages of one memory's chunks travel (see the module docstring).
+    """How the messages of one memory's chunks travel (see the module docstring): one
+    subclass per way, made by ``link_for``.
 
-    Args:
+    Attributes:
         memory: where the chunks' buffers live.
-        transport: posts the sends and receives: the engine's Gloo transport, or for
-            ``device_wire`` an ``NcclTransport`` (the tests run that protocol over Gloo).
-        device_wire: messages stay in device memory (the ``nccl`` link): each travels
-            at its worst-case size, and a stage's sends and receives are posted as one
-            batch in one order on every rank (``sequencer``).
+        transport: posts the sends and receives: the engine's Gloo transport, or for the
+            nccl link an ``NcclTransport`` (the tests run that protocol over Gloo).
+        sequencer: the nccl link's posting order (None on the others).
     """
 
-    def __init__(self, memory: Memory, transport: Transport, device_wire: bool = False) -> None:
-        host = isinstance(memory, HostMemory)
-        if device_wire and host:
-            raise ConfigError("the nccl link carries device memory, not host arrays")
+    #: the link's name, as the engine logs it
+    name = ""
+    #: messages stay in device memory (the nccl link): each travels at its worst-case
+    #: size, and a stage's sends and receives are posted as one batch in one order on
+    #: every rank (``sequencer``)
+    device_wire = False
+
+    def __init__(self, memory: Memory, transport: Transport) -> None:
         self.memory = memory
         self.transport = transport
-        self.device_wire = device_wire
-        self.name = "nccl" if device_wire else "gloo" if host else "staged"
-        self.sequencer = Sequencer() if device_wire else None
+        self.sequencer: Sequencer | None = None
 
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.memory.device})"
@@ -310,30 +312,71 @@ class Link:
         """The message of an encode: ``buf`` (this memory) holds ``LENGTH`` spare bytes
         and then ``total`` bytes of payloads, in a buffer of the worst-case size;
         ``host(size)`` gives a host buffer to stage into."""
-        payloads = buf[LENGTH:LENGTH + total]
-        if self.name == "staged":
-            staged = host(LENGTH + total)
-            _HOST.put_length(staged, total)
-            self.memory.to_host(staged[LENGTH:], payloads)
-            return Message(staged, payloads)
         self.memory.put_length(buf, total)
-        # nccl: the whole buffer, the size its receiver posts
-        return Message(buf if self.device_wire else buf[:LENGTH + total], payloads)
+        return Message(buf[:LENGTH + total], buf[LENGTH:LENGTH + total])
 
     def payloads(self, message: Message, device: Any) -> Any:
         """The payloads of a received message on this memory; ``device(size)`` gives a
         buffer of this memory to copy a staged message into."""
-        if message.payloads is not None:
-            return message.payloads
-        wire = message.wire
-        if self.device_wire:
-            message.payloads = framed_payloads(wire, self.memory)
-            return message.payloads
-        host = framed_payloads(wire)
-        if self.name == "gloo":
-            message.payloads = host
-        else:
+        if message.payloads is None:
+            message.payloads = framed_payloads(message.wire)
+        return message.payloads
+
+
+class GlooLink(Link):
+    """Host memory over the engine's Gloo group: messages are the buffers themselves."""
+
+    name = "gloo"
+
+
+class StagedLink(Link):
+    """Device memory whose compressed messages are staged through host memory and sent
+    over Gloo."""
+
+    name = "staged"
+
+    def outgoing(self, buf: Any, total: int, host: Any) -> Message:
+        payloads = buf[LENGTH:LENGTH + total]
+        staged = host(LENGTH + total)
+        _HOST.put_length(staged, total)
+        self.memory.to_host(staged[LENGTH:], payloads)
+        return Message(staged, payloads)
+
+    def payloads(self, message: Message, device: Any) -> Any:
+        if message.payloads is None:
+            host = framed_payloads(message.wire)
             message.payloads = device(host.size)
             self.memory.from_host(message.payloads, host)
         return message.payloads
+
+
+class NcclLink(Link):
+    """Device memory over an NCCL group: whole worst-case buffers, posted in one order."""
+
+    name = "nccl"
+    device_wire = True
+
+    def __init__(self, memory: Memory, transport: Transport) -> None:
+        if isinstance(memory, HostMemory):
+            raise ConfigError("the nccl link carries device memory, not host arrays")
+        super().__init__(memory, transport)
+        self.sequencer = Sequencer()
+
+    def outgoing(self, buf: Any, total: int, host: Any) -> Message:
+        self.memory.put_length(buf, total)
+        return Message(buf, buf[LENGTH:LENGTH + total])  # the size its receiver posts
+
+    def payloads(self, message: Message, device: Any) -> Any:
+        if message.payloads is None:
+            message.payloads = framed_payloads(message.wire, self.memory)
+        return message.payloads
+
+
+def link_for(memory: Memory, transport: Transport, device_wire: bool = False) -> Link:
+    """The link of ``memory``: gloo for host memory; for device memory nccl with
+    ``device_wire`` (``transport`` then an ``NcclTransport``), staged otherwise."""
+    if device_wire:
+        return NcclLink(memory, transport)
+    return GlooLink(memory, transport) if isinstance(memory, HostMemory) \
+        else StagedLink(memory, transport)
 

@@ -19,23 +19,17 @@ stage than the receive that waits for it (see ``casync.executor``).
 from __future__ import annotations
 
 import ctypes
-import zlib
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from compll import Codec
-from compll.constants import FEEDBACK
-from compll.loaders import DECODE_ITEM, ENCODE_ITEM
-from hipress.errors import PayloadError
-
-from .chunks import Chunk, Segment
-from .devices import LENGTH, HostMemory, Link, Memory, Message, framed_payloads, numel
+from .chunks import Segment
+from .context import Context
+from .devices import LENGTH, HostMemory, Memory, Message, framed_payloads
 from .executor import Graph, Task
-from .feedback import ErrorFeedback
-from .transport import Handle, Transport, tag_space
+from .transport import Handle
 
 __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
            "build_none"]
@@ -45,217 +39,6 @@ _LENGTH = LENGTH
 #: allreduce finish (``casync.executor``'s inline lane): so little copying that a
 #: hand-off to the compute thread and back would cost a sizeable share of it.
 INLINE_AVERAGE = 1 << 20
-
-
-@dataclass
-class _Rows:
-    """The rows of one batched call, with what fills them each step."""
-
-    keys: tuple[tuple[str, int, int], ...]
-    version: int
-    items: np.ndarray
-    offsets: np.ndarray
-    cap: int
-    sites: np.ndarray
-
-
-@dataclass
-class Context:
-    """What a builder needs besides the chunk: who we are and what to compress with."""
-
-    transport: Transport
-    codec: Codec | None
-    feedback: ErrorFeedback | None
-    step: int
-    tag: int
-    chunk: Chunk
-    pool: dict[Hashable, Any] = field(default_factory=dict)
-    #: the rows of batched calls, kept across steps (``_rows``)
-    rows: dict[Hashable, _Rows] = field(default_factory=dict)
-    #: how the chunk's messages travel, and the memory its buffers live in
-    link: Link | None = None
-
-    def __post_init__(self) -> None:
-        if self.link is None:
-            self.link = Link(HostMemory(), self.transport)
-
-    @property
-    def memory(self) -> Memory:
-        assert self.link is not None
-        return self.link.memory
-
-    @property
-    def rank(self) -> int:
-        return self.transport.rank
-
-    @property
-    def world(self) -> int:
-        return self.transport.size
-
-    def tag_of(self, slot: int) -> int:
-        return (self.tag + slot) % tag_space
-
-    def rng_step(self, seg: Segment, role: str) -> int:
-        """A distinct RNG step per step, rank and encode site, so ranks round independently
-        (the same as ``encode`` computes for its rows)."""
-        site = zlib.crc32(repr((seg.key, role)).encode())
-        mix = (self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF
-        return (site * 0xC2B2AE3D + mix) & 0xFFFFFFFF
-
-    def scratch(self, site: Hashable, size: int, dtype: type, host: bool = False) -> Any:
-        """A buffer that belongs to this chunk and site across steps (pages stay mapped),
-        on the chunk's memory, or with ``host`` in host memory that copies to and from
-        it fast (pinned, for CUDA).
-
-        Reuse is safe: a step's sends and receives complete before the next step starts.
-        """
-        memory = self.memory
-        key = (self.chunk.key, site, np.dtype(dtype).str, "host" if host else memory.device)
-        buf = self.pool.get(key)
-        if buf is None or len(buf) < size:
-            new = memory.host_empty if host or isinstance(memory, HostMemory) else memory.empty
-            buf = self.pool[key] = new(max(size, 1), dtype)
-        return buf[:size]
-
-    def capacity(self, segs: list[Segment]) -> int:
-        assert self.codec is not None
-        return _LENGTH + sum(self.codec.max_payload_bytes(s.n) for s in segs)
-
-    def residuals(self, segs: list[Segment], role: str) -> list[Any] | None:
-        if self.feedback is None:
-            return None
-        return [self.feedback.site((*s.key, role), s.n, self.memory) for s in segs]
-
-    def _rows(self, kind: str, site: Hashable, segs: list[Segment],
-              role: str | None) -> _Rows:
-        """The rows of a batched call at ``site``, kept across steps: what does not change
-        while the site's segments stay the same (counts, capacities, residual addresses,
-        RNG sites) is filled once."""
-        keys = tuple(s.key for s in segs)
-        version = self.feedback.version if self.feedback is not None else -1
-        cache_key = (self.chunk.key, kind, site)
-        rows = self.rows.get(cache_key)
-        if rows is not None and rows.keys == keys and rows.version == version:
-            return rows
-        assert self.codec is not None
-        res = self.residuals(segs, role) if kind == "encode" and role is not None else None
-        items = np.zeros(len(segs), ENCODE_ITEM if kind == "encode" else DECODE_ITEM)
-        caps = np.array([self.codec.max_payload_bytes(s.n) for s in segs], np.uint64)
-        items["n"] = [s.n for s in segs]
-        if res is not None:
-            items["r"] = [self.memory.ptr(r) for r in res]
-            # the CPU kernels defer the update (feedback.py)
-            if isinstance(self.memory, HostMemory) and self.codec.defers_feedback():
-                assert self.feedback is not None and role is not None
-                kept = [self.feedback.kept((*s.key, role), self.codec, int(cap))
-                        for s, cap in zip(segs, caps, strict=True)]
-                items["keep"] = [k.ctypes.data for k in kept]
-        offsets = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.uint64) \
-            if len(segs) else np.zeros(0, np.uint64)
-        if kind == "encode":
-            items["cap"] = caps
-        sites = np.array([zlib.crc32(repr((s.key, role)).encode()) for s in segs]
-                         if kind == "encode" else [], np.uint64)
-        version = self.feedback.version if self.feedback is not None else -1  # kept() may bump it
-        rows = self.rows[cache_key] = _Rows(keys, version, items, offsets, int(caps.sum()),
-                                            sites)
-        return rows
-
-    def encode(self, segs: list[Segment], role: str, site: Hashable,
-               merge: Message | None = None, merge_site: Hashable = None) -> Message:
-        """One message: the payloads of ``segs`` behind their length; with error feedback,
-        of each segment plus the role's residual, which the same call updates.
-
-        With ``merge`` (a received message for ``segs``), first add what it decodes to into
-        the segments, as ``decode`` with ``accumulate`` does: an aggregator's last merge
-        and its re-encode. The CPU kernels do both in one pass over the values
-        (``hp_merge_encode_batch``), with the same float operations in the same order as
-        the two calls, so the bytes are the same; the CUDA kernels run the two batched
-        calls behind the same entry point, the reference target the two codec calls."""
-        codec = self.codec
-        assert codec is not None
-        if merge is not None and (codec.target == "ref" or not segs):
-            self.decode(merge, segs, True, None, merge_site)  # no segments: checks it is empty
-            merge = None
-        if codec.target == "ref":
-            return self._encode_arrays(segs, role, site)
-        payload = None
-        if merge is not None:
-            assert self.link is not None
-            with self.memory.active():
-                payload = self.link.payloads(
-                    merge, lambda size: self.scratch(("unstaged", merge_site), size, np.uint8))
-        with self.memory.active():  # new residuals are zeroed on the engine's stream
-            rows = self._rows("encode", site, segs, role)
-        out = self.scratch(("payload", site), _LENGTH + rows.cap, np.uint8)
-        items = rows.items
-        if len(segs):
-            items["g"] = [s.ptr for s in segs]
-            items["out"] = rows.offsets + np.uint64(self.memory.ptr(out) + _LENGTH)
-            # A distinct RNG step per step, rank and encode site: ranks round independently.
-            mix = np.uint64((self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF)
-            items["step"] = (rows.sites * np.uint64(0xC2B2AE3D) + mix) & np.uint64(0xFFFFFFFF)
-            items["flags"] = FEEDBACK if self.feedback is not None else 0
-        assert self.link is not None
-        with self.memory.active():
-            total = codec.encode_items(items, out, merge=payload) if len(segs) else 0
-            return self.link.outgoing(
-                out, total, lambda size: self.scratch(("staged", site), size, np.uint8, True))
-
-    def decode(self, message: Message, segs: list[Segment], accumulate: bool,
-               scale: float | None, site: Hashable = None) -> None:
-        """Decode a message into ``segs`` (or add to them); ``scale`` turns a sum into the
-        mean."""
-        codec = self.codec
-        assert codec is not None and self.link is not None
-        with self.memory.active():
-            payload = self.link.payloads(
-                message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
-        size = numel(payload)
-        if codec.target == "ref":
-            self._decode_arrays(payload, segs, accumulate, scale)
-            return
-        if not segs:
-            if size:
-                raise PayloadError(f"{size} bytes for no segments")
-            return
-        rows = self._rows("decode", site, segs, None)
-        items = rows.items
-        items["out"] = [s.ptr for s in segs]
-        items["p"][0] = self.memory.ptr(payload)
-        items["size"][0] = size
-        with self.memory.active():
-            codec.decode_items(items, accumulate, 1.0 if scale is None else scale,
-                               cuda=self.memory.cuda,
-                               scale_sum=accumulate and scale is not None)
-
-    def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> Message:
-        """``encode`` through the codec's array interface (the reference target, on the
-        host only)."""
-        assert self.codec is not None
-        if not isinstance(self.memory, HostMemory):
-            raise PayloadError("the reference codec (target='ref') runs on host memory only")
-        out = self.scratch(("payload", site), self.capacity(segs), np.uint8)
-        res = self.residuals(segs, role)
-        payload, _ = self.codec.encode_batch(
-            [s.view() for s in segs], out=out[_LENGTH:],
-            steps=[self.rng_step(s, role) for s in segs], residuals=res,
-            feedback=res is not None)
-        out[:_LENGTH].view(np.uint64)[0] = payload.size
-        return Message(out[:_LENGTH + payload.size], out[_LENGTH:_LENGTH + payload.size])
-
-    def _decode_arrays(self, payload: np.ndarray, segs: list[Segment], accumulate: bool,
-                       scale: float | None) -> None:
-        assert self.codec is not None
-        views = [s.view() for s in segs]
-        ns = [s.n for s in segs]
-        if accumulate and scale is not None:  # the mean of the whole sum
-            self.codec.decode_batch(payload, ns, views, accumulate=True)
-            for v in views:
-                np.multiply(v, np.float32(scale), out=v)
-        else:  # one pass: the decoded values, scaled
-            self.codec.decode_batch(payload, ns, views, accumulate=accumulate,
-                                    scale=1.0 if scale is None else scale)
 
 
 def slots(topology: str, world: int) -> int:

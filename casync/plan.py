@@ -9,10 +9,16 @@ from typing import Any, Protocol, runtime_checkable
 from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
-__all__ = ["TOPOLOGIES", "MIN_COMPRESS", "Plan", "Planner", "Greedy", "StaticPlanner"]
+__all__ = ["TOPOLOGIES", "COMPRESSED", "OWNED", "MIN_COMPRESS", "Plan", "Planner",
+           "Learner", "Greedy", "StaticPlanner"]
 
-#: Synchronization strategies the engine can execute. ``none`` is a plain allreduce.
-TOPOLOGIES = ("ps", "ring", "allgather", "none")
+#: The topologies that compress, each a graph builder of ``casync.graphs``, in the
+#: order planners list them (the first is the default).
+COMPRESSED = ("ps", "ring", "allgather")
+#: Every topology the engine can execute: ``none`` is a plain allreduce.
+TOPOLOGIES = (*COMPRESSED, "none")
+#: Topologies whose segments each have an owner rank that reduces them.
+OWNED = ("ps", "ring")
 
 #: Elements below which a static plan does not compress (256 KB of float32). BytePS
 #: stops at 64 KB; we go higher because a codec's few scales for a small layer cost
@@ -62,6 +68,19 @@ class Planner(Protocol):
     """Anything that maps a tensor to a plan; the same on every rank for the same input."""
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """A planner that learns the model from the engine's steps: the engine reports each
+    step's tensors as it queues them and the end of every step
+    (``casync.planner.CostPlanner`` plans the whole model then)."""
+
+    def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
+
+    def observe(self, tensors: list[tuple[str, int]]) -> None: ...
+
+    def end_step(self, world: int, chunk_elems: int) -> None: ...
 
 
 @runtime_checkable

@@ -9,11 +9,12 @@ first. So the decision counts the work already queued on each lane: with a busy 
 compresses more, with a busy compute lane less (Espresso's lesson).
 
 Greedy choices are myopic (an early tensor's choice can crowd the lanes for later ones)
-and exploit the model's errors. So once the whole model is known (the engine calls
-``fit`` after a step) the planner also simulates the model under each topology alone
-and under each fixed strategy, and follows the whole-model plan predicted fastest,
-preferring a fixed strategy unless a greedy plan wins by ``GREEDY_MARGIN``, and the
-default topology unless another wins by ``SWITCH_MARGIN``.
+and exploit the model's errors. So once the whole model is known (the planner observes
+the engine's steps, ``observe`` and ``end_step``, and then calls ``fit``) it also
+simulates the model under each topology alone and under each fixed strategy, and follows
+the whole-model plan predicted fastest, preferring a fixed strategy unless a greedy plan
+wins by ``GREEDY_MARGIN``, and the default topology unless another wins by
+``SWITCH_MARGIN``.
 
 Every rank computes the same plans from the same cost model and the same submission
 order, so plans agree without messages.
@@ -23,19 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .chunks import CHUNK_ELEMS
 from .costmodel import CostModel
-from .plan import Plan, Planner, StaticPlanner
-from .simulate import simulate
+from .plan import COMPRESSED, Plan, Planner, StaticPlanner
+from .profiler import cached
+from .simulate import Gradient, simulate
 from .timeline import Lanes, predict
+from .transport import Transport
 
 __all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN"]
 
 #: How much faster a per-tensor (greedy) whole-model plan must be predicted than the
 #: best fixed strategy to be chosen: a minimum over many candidates also picks the
-#: costs the model underestimates (the optimizer's curse; docs/benchmarks.md, "Margins").
+#: costs the model underestimates (the optimizer's curse; docs/benchmarks.md,
+#: "Measurements behind the code").
 GREEDY_MARGIN = 0.25
 
 #: How much faster another fixed strategy must be predicted than the default one (the
@@ -73,7 +77,7 @@ class CostPlanner:
 
     cost: CostModel
     algorithms: tuple[str, ...] = ("onebit",)
-    topologies: tuple[str, ...] = ("ps", "ring", "allgather")
+    topologies: tuple[str, ...] = COMPRESSED
     max_partitions: int | None = None
     lanes: Lanes = field(default_factory=Lanes, repr=False)
     decisions: dict[str, Decision] = field(default_factory=dict, repr=False)
@@ -82,6 +86,22 @@ class CostPlanner:
     #: each candidate ``fit`` simulated, with its predicted end (seconds), and the chosen
     predictions: dict[str, float] = field(default_factory=dict, repr=False)
     choice: str = field(default="", repr=False)
+    #: the tensors of the step in progress as (name, elements), in submission order
+    seen: list[tuple[str, int]] = field(default_factory=list, repr=False)
+    #: the tensors of the last whole-model fit, and how many fits were made
+    modelled: list[tuple[str, int]] | None = field(default=None, repr=False)
+    fits: int = field(default=0, repr=False)
+    #: whole-model fits per planner: a model whose tensors change every step keeps its
+    #: last whole-model plan (tensors it has not seen are planned on first sight)
+    MAX_FITS: ClassVar[int] = 3
+
+    @classmethod
+    def measured(cls, transport: Transport, algorithm: str, target: str,
+                 engine: type) -> CostPlanner:
+        """A planner on the costs of ``transport``'s group, profiled once and then cached
+        (``casync.profiler.cached``): what ``plan="auto"`` runs with. ``engine`` is the
+        engine class whose own costs the profile times (it is the caller)."""
+        return cls(cached(transport, (algorithm,), target, engine=engine), (algorithm,))
 
     def __post_init__(self) -> None:
         self.algorithms = tuple(self.algorithms)
@@ -159,6 +179,22 @@ class CostPlanner:
         self.choice = min(candidates, key=score)  # ties: the first listed
         self.fitted = candidates[self.choice]
         return self.fitted
+
+    def observe(self, tensors: list[tuple[str, int]]) -> None:
+        """The engine queued ``tensors`` (name, elements) in this step."""
+        self.seen.extend(tensors)
+
+    def end_step(self, world: int, chunk_elems: int) -> None:
+        """The engine closed a step: plan the whole model once its tensors are known, and
+        again if they change (DDP rebuilds its buckets after the first step), at most
+        ``MAX_FITS`` times. Every rank saw the same tensors, so every rank fits alike."""
+        seen, self.seen = self.seen, []
+        if world < 2 or not seen or seen == self.modelled or self.fits >= self.MAX_FITS:
+            return
+        self.fit([Gradient(name, numel) for name, numel in seen], world,
+                 chunk_elems=chunk_elems)
+        self.modelled = seen
+        self.fits += 1
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan:
         """The engine's interface: the plan for ``name``, decided on first sight (or by

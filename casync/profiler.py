@@ -29,7 +29,7 @@ from . import primitives as P
 from .baselines import naive_step
 from .costmodel import CostModel, Linear, payload_bytes
 from .feedback import ErrorFeedback
-from .plan import StaticPlanner
+from .plan import COMPRESSED, StaticPlanner
 from .simulate import Gradient, simulate
 from .transport import Transport
 
@@ -418,64 +418,80 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         costs.update(_codec_costs(transport, algo, x, acc, elements, reps, target,
                                   error_feedback))
         say(f"{algo}: encode {costs[f'encode/{algo}']}, decode {costs[f'decode/{algo}']}")
+    overlap = 1.0
     if transport.size > 1:
-        right = (transport.rank + 1) % transport.size
-        left = (transport.rank - 1) % transport.size
-        send_buf = np.zeros(max(message_bytes), np.uint8)
-        recv_buf = np.empty_like(send_buf)
-
-        def send(nbytes: int) -> None:
-            # Every rank sends to its right and receives from its left, as a ring hop.
-            handles = [transport.isend(send_buf[:nbytes], right, 1),
-                       transport.irecv(nbytes, left, 1, recv_buf[:nbytes])]
-            for handle in handles:
-                transport.wait(handle, 600)
-
-        def allreduce(n: int) -> None:
-            transport.wait(transport.allreduce(acc(n)), 600)
-
-        costs["send"] = _sweep(transport, message_bytes, reps, send)
-        say(f"send: {costs['send']}")
-        # The naive baseline pays an exchange's fixed cost per tensor, serially, spikes
-        # included: fit its mean, over a sample long enough to hold the spikes.
-        exchange = _exchange(transport, max(message_bytes))
-        for _ in range(_GATHER_SETTLE):
-            exchange(min(message_bytes))
-        costs["exchange"] = _sweep(transport, message_bytes, reps, exchange,
-                                   seconds=_GATHER_SECONDS, fixed="mean")
-        say(f"exchange (all-gather of sizes, then of payloads): {costs['exchange']}")
-        # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
-        costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps,
-                                    allreduce)
-        say(f"allreduce: {costs['allreduce']}")
-        overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
-        say(f"compute/communication overlap: {overlap:.2f}")
-        model = CostModel(transport.size, dict(costs), 1, {}, overlap)
-        if algorithms:
-            costs["naive"] = _naive_overhead(transport, model, algorithms[0], reps)
-            say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
-        for topo in ("none", "ps", "ring", "allgather") if algorithms else ("none",):
-            costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
-                transport, engine, model, algorithms[0] if algorithms else "none", topo, reps)
-            say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
-                f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
-        model = CostModel(transport.size, dict(costs), 1, {}, overlap)
-        for algo in algorithms:
-            for topo in ("ps", "ring", "allgather"):
-                key = f"bulk/{algo}/{topo}"
-                costs[key] = _bulk_overhead(transport, engine, model, algo, topo, reps)
-                say(f"engine overhead of {algo} {topo} per element: "
-                    f"{costs[key].b * 1e9:.2f} ns")
-        if algorithms:
-            costs["bulk/none"] = _bulk_overhead(transport, engine, model, algorithms[0], "none",
-                                                reps)
+        overlap = _wire_costs(transport, costs, x, acc, elements, message_bytes, reps, say)
+        _engine_costs(transport, engine, costs, overlap, algorithms, reps, say)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
             "hipress": __version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "elements": list(elements), "message_bytes": list(message_bytes), "reps": reps}
-    return CostModel(transport.size, costs, 1, meta,
-                     overlap if transport.size > 1 else 1.0)
+    return CostModel(transport.size, costs, 1, meta, overlap)
+
+
+def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _Cold,
+                elements: tuple[int, ...], message_bytes: tuple[int, ...], reps: int,
+                say: Callable[[str], Any]) -> float:
+    """Fit the messages' costs into ``costs`` (a ring hop's send, the naive baseline's
+    exchange, the allreduce); returns how much of a send's time the cores stay free."""
+    right = (transport.rank + 1) % transport.size
+    left = (transport.rank - 1) % transport.size
+    send_buf = np.zeros(max(message_bytes), np.uint8)
+    recv_buf = np.empty_like(send_buf)
+
+    def send(nbytes: int) -> None:
+        # Every rank sends to its right and receives from its left, as a ring hop.
+        handles = [transport.isend(send_buf[:nbytes], right, 1),
+                   transport.irecv(nbytes, left, 1, recv_buf[:nbytes])]
+        for handle in handles:
+            transport.wait(handle, 600)
+
+    def allreduce(n: int) -> None:
+        transport.wait(transport.allreduce(acc(n)), 600)
+
+    costs["send"] = _sweep(transport, message_bytes, reps, send)
+    say(f"send: {costs['send']}")
+    # The naive baseline pays an exchange's fixed cost per tensor, serially, spikes
+    # included: fit its mean, over a sample long enough to hold the spikes.
+    exchange = _exchange(transport, max(message_bytes))
+    for _ in range(_GATHER_SETTLE):
+        exchange(min(message_bytes))
+    costs["exchange"] = _sweep(transport, message_bytes, reps, exchange,
+                               seconds=_GATHER_SECONDS, fixed="mean")
+    say(f"exchange (all-gather of sizes, then of payloads): {costs['exchange']}")
+    # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
+    costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps, allreduce)
+    say(f"allreduce: {costs['allreduce']}")
+    overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
+    say(f"compute/communication overlap: {overlap:.2f}")
+    return overlap
+
+
+def _engine_costs(transport: Transport, engine: type, costs: dict[str, Linear],
+                  overlap: float, algorithms: tuple[str, ...], reps: int,
+                  say: Callable[[str], Any]) -> None:
+    """Fit the engine's own costs beyond its primitives into ``costs``: the naive
+    baseline's per tensor, per chunk graph and segment, and per element of bulk steps."""
+    model = CostModel(transport.size, dict(costs), 1, {}, overlap)
+    if algorithms:
+        costs["naive"] = _naive_overhead(transport, model, algorithms[0], reps)
+        say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
+    for topo in ("none", *COMPRESSED) if algorithms else ("none",):
+        costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
+            transport, engine, model, algorithms[0] if algorithms else "none", topo, reps)
+        say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
+            f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
+    model = CostModel(transport.size, dict(costs), 1, {}, overlap)
+    for algo in algorithms:
+        for topo in COMPRESSED:
+            key = f"bulk/{algo}/{topo}"
+            costs[key] = _bulk_overhead(transport, engine, model, algo, topo, reps)
+            say(f"engine overhead of {algo} {topo} per element: "
+                f"{costs[key].b * 1e9:.2f} ns")
+    if algorithms:
+        costs["bulk/none"] = _bulk_overhead(transport, engine, model, algorithms[0], "none",
+                                            reps)
 
 
 def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:

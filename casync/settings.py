@@ -23,15 +23,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from compll import load
+from compll.payload import VERSION, algorithm_id
+from hipress._version import __version__
 from hipress.errors import ConfigError, SyncError
 
 from .health import default_store
-from .plan import MIN_COMPRESS
+from .links import cuda_transport_of
+from .plan import COMPRESSED, MIN_COMPRESS
 
-__all__ = ["Settings", "PLANS", "STRATEGIES", "default_timeout", "agree", "publish_invalid"]
+__all__ = ["Settings", "EngineConfig", "PLANS", "STRATEGIES", "default_timeout", "agree",
+           "publish_invalid"]
 
 #: The topologies a user chooses (``none``, a plain allreduce, is algorithm "none").
-STRATEGIES = ("ps", "ring", "allgather")
+STRATEGIES = COMPRESSED
 #: ``static``: a size threshold and one topology; ``auto``: the cost-model planner.
 PLANS = ("static", "auto")
 _PREFIX = "hipress/settings"
@@ -129,6 +133,88 @@ class Settings:
     def feedback_for(self, unbiased: bool) -> bool:
         """Whether residuals are kept for a codec: the setting, or biased codecs only."""
         return (not unbiased) if self.error_feedback is None else self.error_feedback
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What a ``Synchronizer`` runs with, checked: its settings and the engine's own
+    arguments. Every rank must run the same (``agreement``).
+
+    Attributes:
+        settings: the user's settings (``Settings``).
+        custom_planner: the caller gave a ``Planner`` object instead of a plan name.
+        chunk_elems: a chunk is sent once it holds this many elements.
+        seed: the RNG seed of stochastic algorithms.
+        target: where the kernels run (``compll.codec``'s ``target``).
+        cuda_transport: how CUDA tensors' messages travel: ``staged``, ``nccl`` or a
+            test's transport (``casync.links.cuda_transport_of``).
+    """
+
+    settings: Settings
+    custom_planner: bool
+    chunk_elems: int
+    seed: int
+    target: str
+    cuda_transport: Any
+
+    @classmethod
+    def of(cls, algorithm: str | None, topology: str, planner: Any, plan: str | None,
+           min_compress: int | None, error_feedback: bool | None, timeout: float | None,
+           chunk_elems: Any, seed: int, target: str, cuda_transport: Any,
+           params: dict[str, Any]) -> EngineConfig:
+        """The ``Synchronizer``'s arguments, checked (``planner`` a ``Planner`` object, or
+        a plan name as the wrappers' ``plan=`` takes).
+
+        Raises:
+            ConfigError: the first bad value, and why.
+        """
+        custom = planner is not None and not isinstance(planner, str)
+        if custom:
+            if plan is not None or min_compress is not None:
+                raise ConfigError("pass a Planner as planner= or plan=/min_compress=, "
+                                  "not both")
+            chosen = "static"
+        else:
+            if planner is not None and plan is not None and planner != plan:
+                raise ConfigError(f"planner={planner!r} and plan={plan!r} disagree; pass one")
+            chosen = plan if plan is not None else (planner if planner is not None
+                                                    else "static")
+        settings = Settings.of(algorithm, topology, chosen,
+                               MIN_COMPRESS if min_compress is None else min_compress,
+                               error_feedback, timeout, **params)
+        if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, int) \
+                or chunk_elems < 1:
+            raise ConfigError(f"chunk_elems must be an integer >= 1, not {chunk_elems!r}")
+        return cls(settings, custom, int(chunk_elems), int(seed), target,
+                   cuda_transport_of(cuda_transport))
+
+    @property
+    def auto(self) -> bool:
+        """The engine plans with a ``CostPlanner`` on its group's measured costs."""
+        return (self.settings.plan == "auto" and self.settings.algorithm is not None
+                and not self.custom_planner)
+
+    def agreement(self, planner: Any, probe: Any) -> dict[str, Any]:
+        """The fields every rank must share, named as a disagreement names them; settings
+        that mean the same compare equal (``error_feedback=None`` is the codec's
+        default). ``probe`` is the codec of the engine's algorithm (None without one)."""
+        settings = self.settings
+        fields: dict[str, Any] = {
+            "hipress version": __version__,
+            "payload format version": VERSION,
+            "algorithm": settings.algorithm,
+            "topology": settings.topology,
+            "plan": "auto" if self.auto else repr(planner),
+            "seed": self.seed,
+            "chunk elements": self.chunk_elems,
+            "CUDA transport": self.cuda_transport if isinstance(self.cuda_transport, str)
+            else type(self.cuda_transport).__name__,
+        }
+        if probe is not None:
+            fields["error feedback"] = settings.feedback_for(probe.unbiased)
+            fields["algorithm parameters"] = probe.params
+            fields["DSL hash"] = f"{algorithm_id(probe.program):08x}"
+        return fields
 
 
 # -- agreement through the store ---------------------------------------------------------

@@ -32,9 +32,11 @@ def _config(sync: Any) -> dict[str, Any]:
     probe = sync.codec_params()
     planner = sync.planner
     kind = "auto" if hasattr(planner, "fit") else repr(planner)
-    return {"algorithm": sync.algorithm, "algorithm parameters": probe,
-            "topology": sync.topology, "error feedback": sync.error_feedback,
-            "seed": sync.seed, "chunk elements": sync.chunk_elems, "planner": kind}
+    config = sync.config
+    settings = config.settings
+    return {"algorithm": settings.algorithm, "algorithm parameters": probe,
+            "topology": settings.topology, "error feedback": settings.error_feedback,
+            "seed": config.seed, "chunk elements": config.chunk_elems, "planner": kind}
 
 
 def state_dict(sync: Any) -> dict[str, Any]:
@@ -43,12 +45,13 @@ def state_dict(sync: Any) -> dict[str, Any]:
     plan: dict[str, Any] | None = None
     if hasattr(planner, "fit"):  # the cost-model planner: its model and whole-model plan
         plan = {"cost": planner.cost.to_json(), "algorithms": list(planner.algorithms),
-                "topologies": list(planner.topologies), "seen": sync._fitted,
-                "fits": sync._fits}
+                "topologies": list(planner.topologies), "seen": planner.modelled,
+                "fits": planner.fits}
     return {"format": FORMAT, "world": sync.size, "rank": sync.rank, "step": sync.step,
             "config": _config(sync),
-            "residuals": {key: ef.state_dict() for key, ef in sync._feedback.items()},
-            "owners": dict(sync._chunker.owners), "plan": plan}
+            "residuals": {key: ef.state_dict()
+                          for key, ef in sync.codecs.residuals.items()},
+            "owners": dict(sync.steps.chunker.owners), "plan": plan}
 
 
 def load_state_dict(sync: Any, state: dict[str, Any], reset_residuals: bool = False) -> None:
@@ -81,18 +84,20 @@ def load_state_dict(sync: Any, state: dict[str, Any], reset_residuals: bool = Fa
                               "with the same settings")
     plan = state.get("plan")
     if plan is not None:
-        sync.planner = CostPlanner(CostModel.from_json(plan["cost"]), tuple(plan["algorithms"]),
-                                   tuple(plan["topologies"]))
-        sync._fit = sync.planner.fit if sync.size > 1 else None
-        sync._fitted = [tuple(x) for x in plan["seen"]] if plan["seen"] else None
-        sync._fits = int(plan["fits"])
-        if sync._fitted:
-            sync.planner.fit([Gradient(name, numel) for name, numel in sync._fitted],
-                             sync.size, chunk_elems=sync.chunk_elems)
+        planner = CostPlanner(CostModel.from_json(plan["cost"]), tuple(plan["algorithms"]),
+                              tuple(plan["topologies"]))
+        planner.modelled = [(name, int(n)) for name, n in plan["seen"]] if plan["seen"] \
+            else None
+        planner.fits = int(plan["fits"])
+        if planner.modelled:
+            planner.fit([Gradient(name, numel) for name, numel in planner.modelled],
+                        sync.size, chunk_elems=sync.config.chunk_elems)
+        sync.planner = planner
     sync.step = int(state["step"])
-    sync._chunker.owners = {tuple(k): int(v) for k, v in state.get("owners", {}).items()}
-    sync._feedback = {}
+    sync.steps.chunker.owners = {tuple(k): int(v)
+                                 for k, v in state.get("owners", {}).items()}
+    sync.codecs.residuals = {}
     if not reset_residuals:
         for key, residuals in state["residuals"].items():
-            sync._feedback[key] = ErrorFeedback()
-            sync._feedback[key].load_state_dict(residuals)
+            sync.codecs.residuals[key] = ErrorFeedback()
+            sync.codecs.residuals[key].load_state_dict(residuals)

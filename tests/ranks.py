@@ -135,18 +135,19 @@ def _stand_in(args: dict[str, Any]) -> None:
     ones, emulated), with ``device``'s link: ``staged`` (payloads through host buffers) or
     ``nccl`` (device buffers, batched stages in one order; here over Gloo)."""
     if args.get("device"):
-        from casync import synchronizer
+        from casync import settings, staging
         from casync.transport import Transport
 
-        synchronizer.DEVICE_TYPES = {"cuda", "cpu"}
+        staging.DEVICE_TYPES = {"cuda", "cpu"}
         if args["device"] == "nccl":  # the nccl link's protocol, over Gloo
-            synchronizer._cuda_transport = lambda choice: Transport()
+            settings.cuda_transport_of = lambda choice: Transport()
 
 
 def _two_gpus(sync: Any, named: list[tuple[str, Any]]) -> str:
     """What ``submit_many`` says of a batch that spans two GPUs (staged here as if the
     first tensor lived on cuda:0 and the second on cuda:1); nothing may be queued."""
-    from casync import synchronizer
+    from casync import staging
+    from casync.chunks import Entry
 
     class Gpu:
         cuda = True
@@ -157,15 +158,15 @@ def _two_gpus(sync: Any, named: list[tuple[str, Any]]) -> str:
         def ready_event(self) -> None:
             return None
 
-    entry, devices = synchronizer._entry, iter(["cuda:0", "cuda:1"])
-    synchronizer._entry = lambda name, tensor, future: synchronizer.Entry(
-        name, tensor, tensor, False, future, 0, 0, Gpu(next(devices)))
+    entry, devices = staging.entry, iter(["cuda:0", "cuda:1"])
+    staging.entry = lambda name, tensor, completion: Entry(  # type: ignore[assignment]
+        name, tensor, tensor, future=completion, memory=Gpu(next(devices)))
     try:
         sync.submit_many(named[:2])
     except Exception as exc:  # noqa: BLE001 - the test compares the message
         return f"{type(exc).__name__}: {exc}"
     finally:
-        synchronizer._entry = entry
+        staging.entry = entry
     raise AssertionError("a batch of two GPUs was accepted")
 
 
@@ -214,7 +215,7 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
                     assert f.done() and f.value() is t
             for i, t in enumerate(tensors):
                 arrays[f"{algo}/{topo}/{i}"] = t.float().cpu().numpy()
-            links |= {link.name for link in sync._links.values()}
+            links |= {link.name for link in sync.links.made.values()}
             sync.close()
     np.savez(out / f"rank{rank}.npz", **arrays)
     return {"links": sorted(links), "refused": sorted(refused)}
@@ -243,7 +244,7 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     residuals = {f"r{i}": r for i, r in enumerate(
         r for ef in sync.state_dict()["residuals"].values() for r in ef.values())}
     np.savez(out / f"rank{rank}.npz", total=total, **residuals)
-    return {"residuals": sum(len(ef) for ef in sync._feedback.values())}
+    return {"residuals": sum(len(ef) for ef in sync.codecs.residuals.values())}
 
 
 #: (elements, compressed) of the tensors the non-finite scenario synchronizes in one chunk:

@@ -303,7 +303,7 @@ def test_ring_runs_follow_owners_not_the_chunk():
         chunker = Chunker(world=4)
         chunks = []
         for i, n in enumerate([300_000, 10, 70_000, 5, 0, 200_000]):
-            chunks += chunker.add(Entry(f"t{i}", None, np.zeros(n, np.float32), False, None),
+            chunks += chunker.add(Entry(f"t{i}", None, np.zeros(n, np.float32)),
                                   Plan("ring", "onebit", 1))
             if i in flush_after:
                 chunks += chunker.flush()

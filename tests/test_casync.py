@@ -584,18 +584,18 @@ def _engine(algo: str = "onebit", **options):
 
 def test_engine_state_round_trips_and_refuses_what_does_not_fit():
     sync = _engine()
-    sync._feedback["x"] = ErrorFeedback()
-    sync._feedback["x"].site(("w", 0, 4, "worker"), 4)[:] = [1, 2, 3, 4]
+    sync.codecs.residuals["x"] = ErrorFeedback()
+    sync.codecs.residuals["x"].site(("w", 0, 4, "worker"), 4)[:] = [1, 2, 3, 4]
     sync.step = 7
     state = sync.state_dict()
     other = _engine()
     other.load_state_dict(state)
     assert other.step == 7
-    assert other._feedback["x"].residual(("w", 0, 4, "worker")).tolist() == [1, 2, 3, 4]
+    assert other.codecs.residuals["x"].residual(("w", 0, 4, "worker")).tolist() == [1, 2, 3, 4]
     with pytest.raises(ConfigError, match="world size"):
         other.load_state_dict({**state, "world": 4})
     other.load_state_dict({**state, "world": 4}, reset_residuals=True)  # a documented reset
-    assert other.step == 7 and not other._feedback
+    assert other.step == 7 and not other.codecs.residuals
     with pytest.raises(ConfigError, match="'rank'"):
         other.load_state_dict({**state, "rank": 1})
     with pytest.raises(ConfigError, match="algorithm"):
@@ -612,8 +612,8 @@ def test_engine_state_round_trips_and_refuses_what_does_not_fit():
 
 def test_engine_state_is_taken_between_steps():
     sync = _engine()
-    sync._names.add("w")  # a tensor of the current step is in flight
+    sync.steps.names.add("w")  # a tensor of the current step is in flight
     with pytest.raises(ConfigError, match="middle of step"):
         sync.state_dict()
-    sync._names.clear()
+    sync.steps.names.clear()
     sync.close()

@@ -13,9 +13,9 @@ import pytest
 import ranks
 import torch
 
-from casync.devices import LENGTH, HostMemory, Link, Message, TorchMemory, memory_of
+from casync.devices import LENGTH, HostMemory, Link, Message, TorchMemory, link_for, memory_of
 from casync.feedback import ErrorFeedback
-from casync.synchronizer import _stage
+from casync.staging import stage
 from hipress.errors import ConfigError, PayloadError
 
 
@@ -24,11 +24,11 @@ class _NoTransport:
 
 
 def _staged() -> Link:
-    return Link(TorchMemory("cpu"), _NoTransport())  # type: ignore[arg-type]
+    return link_for(TorchMemory("cpu"), _NoTransport())  # type: ignore[arg-type]
 
 
 def test_links_are_named_by_memory():
-    assert Link(HostMemory(), _NoTransport()).name == "gloo"  # type: ignore[arg-type]
+    assert link_for(HostMemory(), _NoTransport()).name == "gloo"  # type: ignore[arg-type]
     assert _staged().name == "staged"
     assert memory_of(np.zeros(3, np.float32)).device == "cpu"
     assert isinstance(memory_of(np.zeros(3, np.float32)), HostMemory)
@@ -87,11 +87,11 @@ def test_residuals_live_on_the_device_and_checkpoint_as_host_arrays():
 
 def test_staging_keeps_host_data_in_place_and_refuses_other_devices():
     t = torch.arange(6, dtype=torch.float32)
-    buf, write_back, ptr, memory = _stage(t)
+    buf, write_back, ptr, memory = stage(t)
     assert isinstance(buf, np.ndarray) and not write_back and ptr == t.data_ptr()
     assert memory is None
     with pytest.raises(ConfigError, match="CPU and CUDA tensors, not meta"):
-        _stage(torch.empty(3, device="meta"))
+        stage(torch.empty(3, device="meta"))
 
 
 def _run(tmp_path, scenario, name, args):
@@ -154,7 +154,7 @@ def test_views_of_one_buffer_reduce_in_place():
     bucket = torch.zeros(10)
 
     def seg(t: torch.Tensor, lo: int = 0) -> Segment:
-        return Segment(Entry("t", t, t, False, None, ptr=t.data_ptr(), memory=memory), lo,
+        return Segment(Entry("t", t, t, ptr=t.data_ptr(), memory=memory), lo,
                        t.numel())
 
     flat = _contiguous([seg(bucket[:4]), seg(bucket[4:])], memory)
@@ -192,16 +192,16 @@ def test_the_sequencer_posts_in_number_order_whatever_order_they_are_ready():
 
 
 def test_the_nccl_transport_says_what_it_needs():
-    from casync.synchronizer import _cuda_transport
+    from casync.links import cuda_transport_of
     from casync.transport import NcclTransport
 
     if not torch.distributed.is_nccl_available():
         with pytest.raises(ConfigError, match="needs torch with NCCL and a CUDA device"):
             NcclTransport()
     with pytest.raises(ConfigError, match="give 'auto', 'staged' or 'nccl'"):
-        _cuda_transport("tcp")
-    assert _cuda_transport("auto") == "staged"  # no NCCL default group here
-    assert _cuda_transport("nccl") == "nccl"
+        cuda_transport_of("tcp")
+    assert cuda_transport_of("auto") == "staged"  # no NCCL default group here
+    assert cuda_transport_of("nccl") == "nccl"
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
