@@ -124,11 +124,29 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="hipress", description="Compression-aware gradient synchronization.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
     p = sub.add_parser("algorithms", help="list the shipped compression algorithms")
     p.set_defaults(func=_cmd_algorithms)
+    _compile_args(sub.add_parser(
+        "compile", help="check a CompLL file; with --target, build its kernels"))
+    _run_args(sub.add_parser(
+        "run", help="start a job on N ranks per node (torchrun underneath)"))
+    for name, help_, func in (
+            ("profile", "measure the primitives' costs on N ranks (JSON)", _cmd_profile),
+            ("plan", "plan a model's gradients from a profile or a cluster", _cmd_plan)):
+        p = sub.add_parser(name, help=help_, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER, help=f"see hipress {name} --help")
+        p.set_defaults(func=func)
+    p = sub.add_parser("bench", help="run a benchmark from bench/ "
+                                     "(kernels, sync, validate, train, simulate)")
+    p.add_argument("which", choices=["kernels", "sync", "validate", "train", "simulate"])
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
+    p.set_defaults(func=_cmd_bench)
+    _demo_args(sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then "
+                                           "HiPress"))
+    return parser
 
-    p = sub.add_parser("compile", help="check a CompLL file; with --target, build its kernels")
+
+def _compile_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE.cll")
     p.add_argument("--param", "-p", action="append", type=_param, metavar="NAME=VALUE",
                    help="override a parameter (repeatable)")
@@ -138,7 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="DIR", help="copy the source and library here")
     p.set_defaults(func=_cmd_compile)
 
-    p = sub.add_parser("run", help="start a job on N ranks per node (torchrun underneath)")
+
+def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-np", "--nproc", dest="np", type=count(1), required=True,
                    help="ranks on this node")
     p.add_argument("--nnodes", type=count(1), default=1)
@@ -160,23 +179,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="a .py script with its arguments, or any command")
     p.set_defaults(func=_cmd_run)
 
-    p = sub.add_parser("profile", help="measure the primitives' costs on N ranks (JSON)",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="see hipress profile --help")
-    p.set_defaults(func=_cmd_profile)
 
-    p = sub.add_parser("plan", help="plan a model's gradients from a profile or a cluster",
-                       add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="see hipress plan --help")
-    p.set_defaults(func=_cmd_plan)
-
-    p = sub.add_parser("bench", help="run a benchmark from bench/ "
-                                     "(kernels, sync, validate, train, simulate)")
-    p.add_argument("which", choices=["kernels", "sync", "validate", "train", "simulate"])
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
-    p.set_defaults(func=_cmd_bench)
-
-    p = sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then HiPress")
+def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=count(2), default=4)
     p.add_argument("--bandwidth", type=rate, default="1gbit", help="link rate per rank")
     p.add_argument("--algorithm", type=algorithm, default="onebit")
@@ -191,7 +195,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=count(1), default=1 << 20, help="--codecs: elements")
     p.add_argument("--seed", type=count(0), default=0, help="--codecs: data seed")
     p.set_defaults(func=_cmd_demo)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -101,8 +101,7 @@ def profile_main(argv: list[str]) -> int:
     return run(args.ranks, cmd, bandwidth=args.bandwidth if args.network == "paced" else None)
 
 
-def plan_main(argv: list[str]) -> int:
-    """``hipress plan``: the planner's decisions for a model, from a profile or a cluster."""
+def _plan_parser() -> Parser:
     parser = Parser(
         prog="hipress plan",
         description="Plan every gradient of a model (compress?, topology, partitions) and "
@@ -122,7 +121,11 @@ def plan_main(argv: list[str]) -> int:
                         "tensors (default: the model's V100 figure for a cluster, 0 — all "
                         "ready at once, as in bench sync — for a profile)")
     parser.add_argument("--all", action="store_true", help="list every tensor, not the top 30")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _costs(args: Any) -> tuple[CostModel, int, float]:
+    """The cost model ``hipress plan`` plans on, the nodes, and the backward time (ms)."""
     rate = parse_rate(args.bandwidth) if args.bandwidth else None
     if args.profile:
         cost = CostModel.load(args.profile)
@@ -140,6 +143,13 @@ def plan_main(argv: list[str]) -> int:
             else args.backward_ms
     if nodes < 1:
         raise ConfigError("--nodes must be at least 1")
+    return cost, nodes, backward
+
+
+def plan_main(argv: list[str]) -> int:
+    """``hipress plan``: the planner's decisions for a model, from a profile or a cluster."""
+    args = _plan_parser().parse_args(argv)
+    cost, nodes, backward = _costs(args)
     grads = ready_times(layers(args.model), backward / 1e3) if backward > 0 else \
         [Gradient(layer.name, layer.numel) for layer in layers(args.model)]
     planner = CostPlanner(cost, tuple(args.algorithms))
