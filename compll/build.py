@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import ir
+from .compiler import generate
 from .constants import header_text
 from .diagnostics import BuildError
-from .render import render
 
 __all__ = ["Artifact", "build", "cache_dir", "compiler_for", "cuda_archs", "pip_nvcc",
            "CPU_FLAGS", "CUDA_ARCHS", "EMU_FLAGS", "TARGETS"]
@@ -237,7 +237,7 @@ def build(program: ir.Program, target: str, use_cache: bool | None = None) -> Ar
         use_cache = os.environ.get("HIPRESS_NO_CACHE", "") in ("", "0")
     if target not in TARGETS:
         raise BuildError(f"no build target {target!r}; choose one of {', '.join(TARGETS)}")
-    source = render(program, "cuda" if target == "cuda-emu" else target)
+    source = generate(program, "cuda" if target == "cuda-emu" else target)
     compiler = compiler_for(target)
     archs = cuda_archs() if target == "cuda" else ()
     flags = {"cpu": CPU_FLAGS + CPU_PARTS, "cuda": CUDA_FLAGS + archs,

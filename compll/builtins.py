@@ -5,7 +5,9 @@ The checker takes arity and keywords from here, ``lower`` hoists the ``BARRIER``
 the interpreter and the renderer evaluate ``ELEMENTWISE`` entries through their ``numpy``
 and ``c`` fields, and the other kinds are dispatched by name (``call_NAME`` in the
 checker and the renderer, ``op_NAME`` in the interpreter), so adding an operator means
-adding a row here and one method per stage.
+adding a row here and one method per stage. The binary operators (``+``, ``<``, ``&``,
+``and``...) are rows of ``OPERATORS``: their typing class, the types their operands are
+computed in, their NumPy meaning and their C rendering, read by all three stages.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .ir import SCALARS, Type
-from .typing_rules import arith_elem, is_int, promote_one
+from .typing_rules import DTYPES, arith_elem, is_int, promote_one
 
-__all__ = ["Kind", "Builtin", "BUILTINS", "RuleError", "named", "of_kind", "fmax", "fmin"]
+__all__ = ["Kind", "Builtin", "BUILTINS", "RuleError", "named", "of_kind", "fmax", "fmin",
+           "OpKind", "Operator", "OPERATORS"]
 
 
 class Kind(enum.Enum):
@@ -176,3 +179,99 @@ def named(name: str) -> Builtin | None:
 def of_kind(*kinds: Kind) -> frozenset[str]:
     """The names of the builtins of the given kinds."""
     return frozenset(b.name for b in _TABLE if b.kind in kinds)
+
+
+# -- binary operators ---------------------------------------------------------------------
+
+class OpKind(enum.Enum):
+    LOGIC = "logic"  # and, or: bools; both sides evaluated (they have no side effects)
+    BITWISE = "bitwise"  # & | ^: integers, or bools element by element
+    SHIFT = "shift"  # << >>: in the left operand's type, the count a u32 taken mod 32
+    COMPARE = "compare"  # a bool, from the operands in their common type
+    ARITH = "arith"  # + - * / %: in the operands' common type, with C's wrapping rules
+
+
+def _int_div(a: np.ndarray, b: np.ndarray, elem: str, mod: bool) -> np.ndarray:
+    """C's integer division (truncating) or remainder; by zero gives 0, as the kernels'
+    helpers do; the result wraps to ``elem``."""
+    wide_a, wide_b = a.astype(np.int64), b.astype(np.int64)
+    safe = np.where(wide_b == 0, 1, wide_b)
+    q = np.abs(wide_a) // np.abs(safe) * np.sign(wide_a) * np.sign(safe)  # truncation
+    out = wide_a - q * safe if mod else q
+    return np.where(wide_b == 0, 0, out).astype(np.int64).astype(DTYPES[elem])
+
+
+def _shift(left: bool) -> Callable[[np.ndarray, np.ndarray, str], np.ndarray]:
+    def apply(a: np.ndarray, b: np.ndarray, elem: str) -> np.ndarray:
+        count = (b.astype(np.int64) & 31).astype(a.dtype)
+        return np.left_shift(a, count) if left else np.right_shift(a, count)
+    return apply
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One binary operator. ``numpy(a, b, elem)`` applies it to operands already cast to
+    their computing types (``operand_types``; ``elem`` the left one's); ``c`` is a C
+    format per computing type (``"*"`` for the rest), ``{0}`` and ``{1}`` the operands and
+    ``{elem}`` the type's name."""
+
+    symbol: str
+    kind: OpKind
+    numpy: Callable[[np.ndarray, np.ndarray, str], np.ndarray]
+    c: Mapping[str, str]
+    integers_only: bool = False
+
+    def operand_types(self, result: str, left: Type, right: Type) -> tuple[str, str]:
+        """The types the left and right operands are computed in, given the checked
+        type of the result."""
+        if self.kind is OpKind.LOGIC or (self.kind is OpKind.BITWISE and result == "bool"):
+            return "bool", "bool"
+        if self.kind is OpKind.SHIFT:
+            return result, "u32"
+        elem = arith_elem(left, right)
+        return elem, elem
+
+    def render_c(self, elem: str, a: str, b: str) -> str:
+        fmt = self.c.get(elem, self.c.get("*"))
+        assert fmt is not None, (self.symbol, elem)
+        return fmt.format(a, b, elem=elem)
+
+
+def _compare(symbol: str, fn: Callable[..., np.ndarray]) -> Operator:
+    return Operator(symbol, OpKind.COMPARE, lambda a, b, elem: fn(a, b),
+                    {"*": f"({{0}} {symbol} {{1}})"})
+
+
+def _wrapping(symbol: str, name: str, fn: Callable[..., np.ndarray]) -> Operator:
+    # i32 overflow is undefined in C: the kernels' helpers compute it in u32.
+    return Operator(symbol, OpKind.ARITH, lambda a, b, elem: fn(a, b),
+                    {"i32": f"hp_{name}_i32({{0}}, {{1}})",
+                     "u32": f"((uint32_t)({{0}} {symbol} {{1}}))", "*": f"({{0}} {symbol} {{1}})"})
+
+
+_OPERATORS = [
+    Operator("and", OpKind.LOGIC, lambda a, b, elem: a & b, {"*": "((bool)({0} & {1}))"}),
+    Operator("or", OpKind.LOGIC, lambda a, b, elem: a | b, {"*": "((bool)({0} | {1}))"}),
+    Operator("&", OpKind.BITWISE, lambda a, b, elem: a & b, {"*": "({0} & {1})"}, True),
+    Operator("|", OpKind.BITWISE, lambda a, b, elem: a | b, {"*": "({0} | {1})"}, True),
+    Operator("^", OpKind.BITWISE, lambda a, b, elem: a ^ b, {"*": "({0} ^ {1})"}, True),
+    Operator("<<", OpKind.SHIFT, _shift(True), {"*": "hp_shl_{elem}({0}, {1})"}, True),
+    Operator(">>", OpKind.SHIFT, _shift(False), {"*": "hp_shr_{elem}({0}, {1})"}, True),
+    _compare("<", np.less),
+    _compare("<=", np.less_equal),
+    _compare(">", np.greater),
+    _compare(">=", np.greater_equal),
+    _compare("==", np.equal),
+    _compare("!=", np.not_equal),
+    _wrapping("+", "add", np.add),
+    _wrapping("-", "sub", np.subtract),
+    _wrapping("*", "mul", np.multiply),
+    Operator("/", OpKind.ARITH,
+             lambda a, b, elem: a / b if elem == "f32" else _int_div(a, b, elem, mod=False),
+             {"f32": "({0} / {1})", "*": "hp_div_{elem}({0}, {1})"}),
+    Operator("%", OpKind.ARITH, lambda a, b, elem: _int_div(a, b, elem, mod=True),
+             {"*": "hp_mod_{elem}({0}, {1})"}, True),
+]
+
+#: Every binary operator by its symbol.
+OPERATORS: dict[str, Operator] = {op.symbol: op for op in _OPERATORS}

@@ -1,36 +1,30 @@
 """The CompLL checker: types, shapes and the payload layout.
 
-``check(items, smap, name, params)`` turns parsed items into a typed, specialised
-``Program``: every expression carries its type, every random call its stream, and
-``program.layout`` lists the payload sections that ``encode`` writes and ``decode``
-reads back.
+``Checker`` types expressions and statements: every expression gets its type, every
+random call its stream, and ``layout`` collects the payload sections that ``encode``
+writes and ``decode`` reads back. ``compll.declarations.check`` runs it over a parsed
+program and assembles the typed, specialised ``Program``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
-
 from . import calls, ir
-from .builtins import BUILTINS, Builtin, Kind, of_kind
+from .builtins import BUILTINS, OPERATORS, Builtin, Kind, OpKind, of_kind
 from .diagnostics import DslTypeError, LayoutError, SourceMap
 from .interpreter import eval_constant
-from .ir import FLOATS, INTS, SCALARS, Length, Pos, Type
+from .ir import FLOATS, SCALARS, Length, Pos, Type
 from .typing_rules import arith_elem, is_numeric, promote_one
 
-__all__ = ["check"]
+__all__ = ["Checker", "section_type_in_decode"]
 
 _SCALAR_FNS = of_kind(Kind.ELEMENTWISE, Kind.CAST)
 _REDUCE_OPS = ("sum", "max", "min")
-_COMPARE = ("<", "<=", ">", ">=", "==", "!=")
-_BITWISE = ("&", "|", "^")
-_SHIFT = ("<<", ">>")
 _BOOL = Type.scalar("bool")
 _U32 = Type.scalar("u32")
 
@@ -177,27 +171,22 @@ class Checker:
         left, right = self.expr(e.left), self.expr(e.right)
         lt = self.value_type(left, f"'{e.op}'")
         rt = self.value_type(right, f"'{e.op}'")
+        op = OPERATORS[e.op]
         literal = lt.literal and rt.literal
-        if e.op in ("and", "or"):
+        if op.kind is OpKind.LOGIC:
             if lt.elem != "bool" or rt.elem != "bool":
                 raise self.err(f"'{e.op}' needs bools, got {lt} and {rt}", e.pos)
-            return dataclasses.replace(
-                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
-            )
-        if e.op in _BITWISE and lt.elem == "bool" and rt.elem == "bool":
-            return dataclasses.replace(
-                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
-            )
-        elem = arith_elem(lt, rt)
-        if e.op in _BITWISE + _SHIFT or e.op == "%":
-            if lt.elem in FLOATS or rt.elem in FLOATS or elem == "f32":
+            elem, literal = "bool", False
+        elif op.kind is OpKind.BITWISE and lt.elem == "bool" and rt.elem == "bool":
+            elem, literal = "bool", False
+        else:
+            elem = arith_elem(lt, rt)
+            if op.integers_only and (lt.elem in FLOATS or rt.elem in FLOATS or elem == "f32"):
                 raise self.err(f"'{e.op}' needs integers, got {lt} and {rt}", e.pos)
-        if e.op in _SHIFT:
-            elem = "u32" if lt.literal and rt.elem == "u32" else promote_one(lt.elem)
-        if e.op in _COMPARE:
-            return dataclasses.replace(
-                e, left=left, right=right, ty=self.broadcast([lt, rt], "bool", e.pos)
-            )
+            if op.kind is OpKind.SHIFT:
+                elem = "u32" if lt.literal and rt.elem == "u32" else promote_one(lt.elem)
+            elif op.kind is OpKind.COMPARE:
+                elem, literal = "bool", False
         return dataclasses.replace(
             e, left=left, right=right, ty=self.broadcast([lt, rt], elem, e.pos, literal)
         )
@@ -458,145 +447,3 @@ def section_type_in_decode(section: ir.Section) -> Type:
     if ty.kind in ("array", "packed") and ty.length is not None and ty.length.kind == "sym":
         return dataclasses.replace(ty, length=Length("sym", name=f"payload:{section.group}"))
     return ty
-
-
-def _signature_error(checker: Checker, fn: ir.Function) -> None:
-    want = {
-        "encode": "encode(g: f32[]) -> bytes",
-        "decode": "decode(p: bytes, n: u32) -> f32[n]",
-    }[fn.name]
-    ok = True
-    if fn.name == "encode":
-        ok = (len(fn.args) == 1 and fn.args[0][1].kind == "named_array"
-              and fn.args[0][1].elem == "f32" and fn.returns.elem == "bytes"
-              and fn.returns.kind == "named")
-    else:
-        ok = (len(fn.args) == 2 and fn.args[0][1].kind == "named" and fn.args[0][1].elem == "bytes"
-              and fn.args[1][1].kind == "named" and fn.args[1][1].elem == "u32"
-              and fn.returns.kind == "named_array" and fn.returns.elem == "f32")
-    if not ok:
-        raise checker.err(f"{fn.name} must be declared as '{want}'", fn.pos)
-
-
-def _coerce_param(checker: Checker, param: ir.Param, value: Any, pos: Pos | None) -> Any:
-    elem = param.ty.elem
-    if elem == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{checker.name}: parameter {param.name} must be true or false, "
-                              f"got {value!r}")
-        return value
-    if isinstance(value, bool):
-        raise ConfigError(f"{checker.name}: parameter {param.name} is {elem}, got a bool")
-    if elem in INTS:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not isinstance(value, int):
-            raise ConfigError(f"{checker.name}: parameter {param.name} is {elem} (an integer), "
-                              f"got {value!r}")
-        lo, hi = (0, 2**32 - 1) if elem == "u32" else (-(2**31), 2**31 - 1)
-        if elem == "u8":
-            hi = 255
-        if not lo <= value <= hi:
-            raise ConfigError(f"{checker.name}: parameter {param.name}={value} is out of the "
-                              f"{elem} range {lo}..{hi}")
-        return value
-    if not isinstance(value, (int, float)):
-        raise ConfigError(f"{checker.name}: parameter {param.name} is {elem}, got {value!r}")
-    return float(np.float32(value))  # parameters hold exactly the f32 the kernels see
-
-
-def check(
-    items: list, smap: SourceMap, name: str, overrides: dict[str, Any] | None = None
-) -> ir.Program:
-    """Check parsed items and specialise them for parameter values.
-
-    Args:
-        items: what ``parser.parse`` returned.
-        smap: its source map, for error positions.
-        name: the algorithm name (the file stem).
-        overrides: parameter values that replace the declared defaults.
-
-    Returns:
-        The typed ``Program``, with ``layout`` and ``param_values`` filled in.
-
-    Raises:
-        DslTypeError, LayoutError: on an ill-formed program.
-        ConfigError: on an unknown or ill-typed parameter, or a failed ``require``.
-    """
-    overrides = dict(overrides or {})
-    checker = Checker(smap, name, {})
-    params: list[ir.Param] = []
-    requires: list[ir.Require] = []
-    funcs: dict[str, ir.Function] = {}
-    unbiased = False
-    for item in items:
-        if isinstance(item, ir.Param):
-            if item.name in checker.param_types or item.name in BUILTINS:
-                raise checker.err(f"parameter {item.name!r} is already defined", item.pos)
-            ty = checker.resolve_type(item.ty, item.pos, for_param=True)
-            if ty.kind != "scalar" or ty.elem in ("f16", "u8"):
-                raise checker.err("a parameter is f32, i32, u32 or bool", item.pos)
-            default = checker.expr(item.default)
-            assert default.ty is not None
-            if default.ty.kind != "scalar":
-                raise checker.err("a parameter's default must be a scalar", item.default.pos)
-            value = checker.const_value(default)
-            if item.name in overrides:
-                value = overrides.pop(item.name)
-            param = ir.Param(item.name, ty, default, item.pos)
-            checker.param_values[item.name] = _coerce_param(checker, param, value, item.pos)
-            checker.param_types[item.name] = ty
-            params.append(param)
-        elif isinstance(item, ir.Require):
-            requires.append(item)
-        elif isinstance(item, ir.Unbiased):
-            if unbiased:
-                raise checker.err("unbiased is declared twice", item.pos)
-            unbiased = True
-        else:
-            if item.name not in ("encode", "decode"):
-                raise checker.err(
-                    f"unknown function {item.name!r}: a program defines encode and decode",
-                    item.pos,
-                )
-            if item.name in funcs:
-                raise checker.err(f"{item.name} is defined twice", item.pos)
-            _signature_error(checker, item)
-            funcs[item.name] = item
-    if overrides:
-        names = [p.name for p in params]
-        hints = [f"{bad!r}: did you mean {close[0]!r}?" for bad in sorted(overrides)
-                 if (close := difflib.get_close_matches(bad, names, 1))]
-        raise ConfigError(
-            f"{name}: unknown parameter(s) {', '.join(sorted(overrides))}; "
-            f"{name} takes: {', '.join(names) or 'none'}"
-            + (f" ({'; '.join(hints)})" if hints else "")
-        )
-    checked_requires = []
-    for req in requires:
-        cond = checker.expr(req.cond)
-        if cond.ty is None or cond.ty.kind != "scalar" or cond.ty.elem != "bool":
-            raise checker.err("require needs a bool condition", req.cond.pos)
-        if not checker.const_value(cond):
-            shown = ", ".join(f"{k}={v}" for k, v in checker.param_values.items())
-            raise ConfigError(f"{name}: {req.message} (got {shown})")
-        checked_requires.append(dataclasses.replace(req, cond=cond))
-    functions = {}
-    for fn in ("encode", "decode"):  # encode first: it defines the layout decode reads
-        if fn not in funcs:
-            raise checker.err(f"the program has no {fn} function", None)
-        functions[fn] = checker.function(funcs[fn])
-    encode, decode = functions["encode"], functions["decode"]
-    assert checker.layout is not None
-    return ir.Program(
-        name=name,
-        path=smap.path,
-        source="\n".join(smap.lines),
-        params=tuple(params),
-        requires=tuple(checked_requires),
-        encode=encode,
-        decode=decode,
-        param_values=tuple(checker.param_values.items()),
-        layout=checker.layout,
-        unbiased=unbiased,
-    )

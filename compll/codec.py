@@ -11,10 +11,24 @@ import numpy as np
 from hipress.errors import ConfigError, PayloadError
 
 from . import compiler, interpreter
-from .constants import FEEDBACK, MAX_ELEMENTS, SCALE_SUM
+from .buffers import (
+    as_float32,
+    as_payload,
+    byte_buffer,
+    check_buffer,
+    check_count,
+    encode_items,
+    frame_all,
+    is_cuda,
+    is_torch,
+    numel,
+    ptr,
+    torch_module,
+)
+from .constants import MAX_ELEMENTS, SCALE_SUM
 from .ir import Program
-from .loaders import DECODE_ITEM, ENCODE_ITEM, load_kernel, payload_size_hint
-from .payload import framed_size, nonfinite
+from .loaders import DECODE_ITEM, load_kernel, payload_size_hint
+from .payload import nonfinite
 
 __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
@@ -25,13 +39,6 @@ __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 TARGETS = ("auto", "cpu", "cuda", "ref", "cuda-emu")
 
 
-def _check_count(n: int) -> None:
-    if n > MAX_ELEMENTS:
-        raise ConfigError(f"{n:,} elements is more than one encode or decode takes "
-                          f"({MAX_ELEMENTS:,}, CompLL's u32 element count); split the tensor "
-                          "and encode the pieces")
-
-
 def algorithms() -> list[str]:
     """Names of the shipped compression algorithms (the ``dsl/*.cll`` files).
 
@@ -40,34 +47,6 @@ def algorithms() -> list[str]:
         True
     """
     return compiler.algorithms()
-
-
-def _is_torch(x: Any) -> bool:
-    """A torch tensor, told apart without importing torch."""
-    return type(x).__module__.startswith("torch")
-
-
-def _is_cuda(x: Any) -> bool:
-    return _is_torch(x) and x.device.type == "cuda"
-
-
-def _as_float32(x: Any, what: str) -> np.ndarray:
-    """A 1-D float32 NumPy view (or copy) of an array or CPU torch tensor."""
-    if _is_torch(x):
-        x = x.detach()
-        if x.dtype != _torch().float32:
-            x = x.float()  # fp16 / bf16 / f64 gradients are upcast
-        x = x.contiguous().numpy()
-    arr = np.asarray(x)
-    if arr.dtype.kind != "f":
-        raise ConfigError(f"{what} must hold floating-point values, not {arr.dtype}")
-    return np.ascontiguousarray(arr.reshape(-1), dtype=np.float32)
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 class Codec:
@@ -160,23 +139,23 @@ class Codec:
         Returns:
             The payload: a 1-D uint8 array, or a uint8 CUDA tensor for CUDA input.
         """
-        _check_count(int(x.numel()) if _is_torch(x) else np.size(x))
+        check_count(int(x.numel()) if is_torch(x) else np.size(x))
         if step is None:
             step = self.step
             self.step = (self.step + 1) & 0xFFFFFFFF
         step &= 0xFFFFFFFF
-        if _is_cuda(x):
+        if is_cuda(x):
             self._backend(on_gpu=True)
             flat = x.detach().reshape(-1)
-            if flat.dtype != _torch().float32:
+            if flat.dtype != torch_module().float32:
                 flat = flat.float()
             flat = flat.contiguous()
             if residual is not None:
-                _check_buffer(residual, flat.numel(), "residual=", cuda=True)
+                check_buffer(residual, flat.numel(), "residual=", cuda=True)
             return self._kernel("cuda").encode(flat, self.seed, step, out, residual)
-        data = _as_float32(x, "the gradient")
+        data = as_float32(x, "the gradient")
         backend = self._backend(on_gpu=False)
-        res = None if residual is None else _check_buffer(residual, data.size, "residual=")
+        res = None if residual is None else check_buffer(residual, data.size, "residual=")
         if backend == "ref":
             if res is not None:
                 with np.errstate(invalid="ignore", over="ignore"):
@@ -185,7 +164,7 @@ class Codec:
             return interpreter.encode(self.program, data, self.seed, step)
         into = None
         if out is not None:
-            into = out.numpy() if _is_torch(out) else out
+            into = out.numpy() if is_torch(out) else out
             if not isinstance(into, np.ndarray) or into.dtype != np.uint8 \
                     or not into.flags.c_contiguous:
                 raise ConfigError("out= must be a contiguous uint8 array")
@@ -216,37 +195,24 @@ class Codec:
                 ``out`` is left as it was.
         """
         n = int(n)
-        _check_count(n)
+        check_count(n)
         scale = float(np.float32(scale))
         if (accumulate or feedback) and out is None:
             raise ConfigError("accumulate=True and feedback=True need out= to add into")
-        if _is_cuda(payload):
+        if is_cuda(payload):
             self._backend(on_gpu=True)
-            torch = _torch()
+            torch = torch_module()
             target = torch.empty(n, dtype=torch.float32, device=payload.device) \
-                if out is None else _check_buffer(out, n, "out=", cuda=True)
+                if out is None else check_buffer(out, n, "out=", cuda=True)
             self._kernel("cuda").decode(payload.reshape(-1), n, target, accumulate, scale,
                                         feedback)
             return target
-        buf = _as_payload(payload)
+        buf = as_payload(payload)
         backend = self._backend(on_gpu=False)
-        dest = None if out is None else _check_buffer(out, n, "out=")
+        dest = None if out is None else check_buffer(out, n, "out=")
         if backend == "ref":
-            values = interpreter.decode(self.program, buf, n)
-            with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
-                if scale != 1.0:
-                    values = values * np.float32(scale)
-                if dest is None:
-                    return values
-                if nonfinite(buf) and not feedback:
-                    dest[...] = np.nan  # the kernels write NaN, not out + NaN: same bits
-                elif accumulate or feedback:
-                    dest += values
-                else:
-                    dest[...] = values
-                if feedback:
-                    dest[~np.isfinite(dest)] = 0.0
-            return out
+            values = self._decode_ref(buf, n, dest, accumulate, scale, feedback)
+            return values if dest is None else out
         if dest is None:
             dest = np.empty(n, dtype=np.float32)
             out = dest
@@ -254,6 +220,26 @@ class Codec:
                                      feedback)
         return out
 
+
+    def _decode_ref(self, buf: np.ndarray, n: int, dest: np.ndarray | None, accumulate: bool,
+                    scale: float, feedback: bool) -> np.ndarray:
+        """``decode`` on the reference interpreter, into ``dest`` where given, with the
+        kernels' bits: a flagged payload writes NaN, feedback zeroes non-finite sums."""
+        values = interpreter.decode(self.program, buf, n)
+        with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
+            if scale != 1.0:
+                values = values * np.float32(scale)
+            if dest is None:
+                return values
+            if nonfinite(buf) and not feedback:
+                dest[...] = np.nan  # the kernels write NaN, not out + NaN: same bits
+            elif accumulate or feedback:
+                dest += values
+            else:
+                dest[...] = values
+            if feedback:
+                dest[~np.isfinite(dest)] = 0.0
+        return dest
 
     def _steps(self, count: int, steps: Any) -> list[int]:
         if steps is None:
@@ -303,52 +289,45 @@ class Codec:
         res = list(residuals) if residuals is not None else [None] * count
         if len(res) != count:
             raise ConfigError(f"{count} segments but {len(res)} residuals")
-        cuda = count > 0 and _is_cuda(xs[0])
+        cuda = count > 0 and is_cuda(xs[0])
         backend = self._backend(on_gpu=cuda)
         for x in xs:
-            _check_count(int(x.numel()) if _is_torch(x) else np.size(x))
-        caps = [self.max_payload_bytes(_numel(x)) for x in xs]
+            check_count(int(x.numel()) if is_torch(x) else np.size(x))
+        caps = [self.max_payload_bytes(numel(x)) for x in xs]
         if merge is not None:
-            xs = [_check_buffer(x, _numel(x), "xs= (a merge's target)", cuda) for x in xs]
-            if len(xs) == 0 and _numel(merge):
-                raise PayloadError(f"{_numel(merge)} bytes for no segments")
+            xs = [check_buffer(x, numel(x), "xs= (a merge's target)", cuda) for x in xs]
+            if len(xs) == 0 and numel(merge):
+                raise PayloadError(f"{numel(merge)} bytes for no segments")
         if backend == "ref":
-            if merge is not None:
-                self.decode_batch(merge, [x.size for x in xs], xs, accumulate=True)
-            payloads = []
-            for x, r, step in zip(xs, res, steps_, strict=True):
-                p = self.encode(x, step=step, residual=r)
-                if feedback and r is not None:
-                    self.decode(p, r.size, out=r, scale=-1.0, feedback=True)
-                payloads.append(np.asarray(p))
-            joined = np.concatenate(payloads) if payloads else np.empty(0, np.uint8)
-            if out is not None:
-                into = out.numpy() if _is_torch(out) else out
-                into.reshape(-1)[:joined.size] = joined
-                return into.reshape(-1)[:joined.size], [p.size for p in payloads]
-            return joined, [p.size for p in payloads]
-        total_cap = sum(caps)
-        buf = _byte_buffer(out, total_cap, xs[0] if cuda else None)
-        base = _ptr(buf)
-        items = np.zeros(count, ENCODE_ITEM)
-        if count:
-            data = [_float_input(x, cuda) for x in xs]
-            items["g"] = [_ptr(x) for x in data]
-            items["r"] = [0 if r is None else _ptr(_check_buffer(r, x.size if not cuda else
-                                                                 x.numel(), "residual=", cuda))
-                          for r, x in zip(res, data, strict=True)]
-            items["n"] = [_numel(x) for x in data]
-            items["out"] = base + np.cumsum([0, *caps[:-1]], dtype=np.uint64)
-            items["cap"] = caps
-            items["step"] = steps_
-            items["flags"] = FEEDBACK if feedback else 0
+            return self._encode_batch_ref(xs, out, steps_, res, feedback, merge)
+        buf = byte_buffer(out, sum(caps), xs[0] if cuda else None)
+        items = encode_items(xs, res, caps, steps_, ptr(buf), feedback, cuda)
         kernel = self._kernel(backend)
         if merge is None:
             total = kernel.encode_batch(items, self.seed, buf)
         else:
-            msg = merge.reshape(-1) if cuda else _as_payload(merge)
+            msg = merge.reshape(-1) if cuda else as_payload(merge)
             total = kernel.merge_encode_batch(items, self.seed, msg, buf)
         return buf[:total], [int(v) for v in items["size"]]
+
+    def _encode_batch_ref(self, xs: Sequence[Any], out: Any, steps: Sequence[int],
+                          res: list[Any], feedback: bool, merge: Any
+                          ) -> tuple[Any, list[int]]:
+        """``encode_batch`` on the reference interpreter, segment by segment."""
+        if merge is not None:
+            self.decode_batch(merge, [x.size for x in xs], xs, accumulate=True)
+        payloads = []
+        for x, r, step in zip(xs, res, steps, strict=True):
+            p = self.encode(x, step=step, residual=r)
+            if feedback and r is not None:
+                self.decode(p, r.size, out=r, scale=-1.0, feedback=True)
+            payloads.append(np.asarray(p))
+        joined = np.concatenate(payloads) if payloads else np.empty(0, np.uint8)
+        if out is not None:
+            into = out.numpy() if is_torch(out) else out
+            into.reshape(-1)[:joined.size] = joined
+            return into.reshape(-1)[:joined.size], [p.size for p in payloads]
+        return joined, [p.size for p in payloads]
 
     def decode_batch(self, payload: Any, ns: Sequence[int], outs: Sequence[Any] | None = None,
                      accumulate: bool = False, scale: float = 1.0,
@@ -374,16 +353,16 @@ class Codec:
         """
         ns = [int(n) for n in ns]
         for n in ns:
-            _check_count(n)
+            check_count(n)
         scale = float(np.float32(scale))
         count = len(ns)
         if (accumulate or feedback) and outs is None:
             raise ConfigError("accumulate=True and feedback=True need outs= to add into")
-        cuda = _is_cuda(payload)
+        cuda = is_cuda(payload)
         backend = self._backend(on_gpu=cuda)
         if outs is None:
             if cuda:
-                torch = _torch()
+                torch = torch_module()
                 outs = [torch.empty(n, dtype=torch.float32, device=payload.device) for n in ns]
             else:
                 outs = [np.empty(n, np.float32) for n in ns]
@@ -391,16 +370,16 @@ class Codec:
         if len(outs) != count:
             raise ConfigError(f"{count} segments but {len(outs)} outputs")
         if backend == "ref":
-            self._decode_batch_ref(_as_payload(payload), ns, outs, accumulate, scale, feedback)
+            self._decode_batch_ref(as_payload(payload), ns, outs, accumulate, scale, feedback)
             return outs
-        buf: Any = payload.reshape(-1) if cuda else _as_payload(payload)
-        nbytes = _numel(buf)
+        buf: Any = payload.reshape(-1) if cuda else as_payload(payload)
+        nbytes = numel(buf)
         items = np.zeros(count, DECODE_ITEM)
         if count:
-            items["p"][0] = _ptr(buf) if nbytes else 0
+            items["p"][0] = ptr(buf) if nbytes else 0
             items["size"][0] = nbytes
             items["n"] = ns
-            items["out"] = [_ptr(_check_buffer(o, n, "outs=", cuda))
+            items["out"] = [ptr(check_buffer(o, n, "outs=", cuda))
                             for o, n in zip(outs, ns, strict=True)]
         elif nbytes:
             raise PayloadError(f"{nbytes} bytes for no segments")
@@ -425,13 +404,13 @@ class Codec:
         Returns:
             The payloads' total bytes, end to end from the first item's ``out``.
         """
-        backend = self._backend(on_gpu=_is_cuda(out))
+        backend = self._backend(on_gpu=is_cuda(out))
         if backend == "ref":
             raise ConfigError("encode_items runs kernels; target 'ref' takes encode_batch")
         kernel = self._kernel(backend)
         if merge is None:
             return int(kernel.encode_batch(items, self.seed, out))
-        msg = merge.reshape(-1) if _is_cuda(merge) else _as_payload(merge)
+        msg = merge.reshape(-1) if is_cuda(merge) else as_payload(merge)
         return int(kernel.merge_encode_batch(items, self.seed, msg, out))
 
     def decode_items(self, items: np.ndarray, accumulate: bool = False, scale: float = 1.0,
@@ -453,7 +432,7 @@ class Codec:
         # the first bad one is reported.
         pos = 0
         first: PayloadError | None = None
-        for i, (n, o, size) in enumerate(zip(ns, outs, _frame_all(buf, len(ns)), strict=True)):
+        for i, (n, o, size) in enumerate(zip(ns, outs, frame_all(buf, len(ns)), strict=True)):
             try:
                 self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate, scale=scale,
                             feedback=feedback)
@@ -462,85 +441,6 @@ class Codec:
             pos += size
         if first is not None:
             raise first
-
-
-def _frame_all(buf: np.ndarray, count: int) -> list[int]:
-    """The sizes of the ``count`` payloads ``buf`` holds end to end, found from their
-    headers before anything is decoded (as the kernels do); a PayloadError names the
-    segment that does not frame, or says that bytes follow the last."""
-    sizes = []
-    pos = 0
-    for i in range(count):
-        try:
-            sizes.append(framed_size(buf[pos:]))
-        except PayloadError as exc:
-            raise PayloadError(f"segment {i} of {count}: {exc}") from None
-        pos += sizes[-1]
-    if pos != buf.size:
-        raise PayloadError(f"segment {max(count - 1, 0)} of {count}: {buf.size - pos} bytes "
-                           "follow the last segment's payload")
-    return sizes
-
-
-def _numel(x: Any) -> int:
-    return int(x.numel()) if _is_torch(x) else int(np.size(x))
-
-
-def _ptr(x: Any) -> int:
-    return int(x.data_ptr()) if _is_torch(x) else int(x.ctypes.data)
-
-
-def _float_input(x: Any, cuda: bool) -> Any:
-    """A segment's input as the kernels read it: contiguous float32, without a copy when
-    it already is one."""
-    if cuda:
-        flat = x.detach().reshape(-1)
-        return (flat if flat.dtype == _torch().float32 else flat.float()).contiguous()
-    if isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous:
-        return x.reshape(-1)
-    return _as_float32(x, "the gradient")
-
-
-def _byte_buffer(out: Any, size: int, like: Any) -> Any:
-    """``out`` as a flat uint8 buffer of at least ``size`` bytes, or a new one."""
-    if like is not None:  # CUDA
-        if out is not None and out.numel() >= size:
-            return out.reshape(-1)
-        return _torch().empty(max(size, 1), dtype=_torch().uint8, device=like.device)
-    if out is not None:
-        into = out.numpy() if _is_torch(out) else out
-        if not isinstance(into, np.ndarray) or into.dtype != np.uint8 \
-                or not into.flags.c_contiguous:
-            raise ConfigError("out= must be a contiguous uint8 array")
-        if into.size >= size:
-            return into.reshape(-1)
-    return np.empty(max(size, 1), np.uint8)
-
-
-def _check_buffer(x: Any, n: int, what: str, cuda: bool = False) -> Any:
-    """``x`` (``out=``, ``residual=``) as a flat contiguous float32 array, or CUDA tensor,
-    of ``n`` elements, used in place; anything else is a ConfigError."""
-    if cuda:
-        if not (_is_cuda(x) and x.dtype == _torch().float32 and x.numel() == n
-                and x.is_contiguous()):
-            raise ConfigError(f"{what} must be a contiguous float32 CUDA tensor of {n} elements")
-        return x
-    arr = x.numpy() if _is_torch(x) else x
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.size != n \
-            or not arr.flags.c_contiguous:
-        raise ConfigError(f"{what} must be a contiguous float32 array of {n} elements")
-    return arr.reshape(-1)
-
-
-def _as_payload(payload: Any) -> np.ndarray:
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return np.frombuffer(payload, dtype=np.uint8)
-    if _is_torch(payload):
-        payload = payload.detach().cpu().numpy()
-    arr = np.asarray(payload)
-    if arr.dtype != np.uint8:
-        raise PayloadError(f"a payload is a uint8 array, not {arr.dtype}")
-    return arr.reshape(-1)
 
 
 def codec(name_or_path: str | os.PathLike[str], target: str = "auto", seed: int = 0,

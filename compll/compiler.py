@@ -1,22 +1,26 @@
-"""The front end's stages in one place: find, read, parse and check a program."""
+"""CompLL's stages in one place: find and read a program, parse, check, then lower,
+schedule and render it for a target (``generate``); ``compll.build`` compiles the
+source, ``compll.codec`` loads it."""
 
 from __future__ import annotations
 
 import difflib
 import os
-import sys
 from pathlib import Path
-from pprint import pformat
 from typing import Any
 
 from hipress.errors import CompileError, ConfigError
 
 from . import ir
-from .checker import check
+from .declarations import check
+from .diagnostics import dump_stage
+from .lower import lower
 from .parser import parse
+from .render import renderer_for
+from .scheduling import schedule
 
 __all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "dump_stage", "load",
-           "load_source", "read_source"]
+           "load_source", "read_source", "generate"]
 
 
 def dsl_dir() -> Path:
@@ -64,14 +68,6 @@ def describe_params(program: ir.Program) -> str:
     return ", ".join(shown)
 
 
-def dump_stage(stage: str, value: Any) -> None:
-    """Print a stage's output to stderr when ``HIPRESS_DUMP`` names it (or is ``all``)."""
-    wanted = os.environ.get("HIPRESS_DUMP", "")
-    if stage in wanted.split(",") or wanted == "all":
-        text = value if isinstance(value, str) else pformat(value, width=100)
-        print(f"--- compll {stage} ---\n{text}", file=sys.stderr)
-
-
 def load_source(source: str, path: str = "<string>", name: str | None = None,
                 params: dict[str, Any] | None = None) -> ir.Program:
     """Parse and check DSL source text.
@@ -117,3 +113,21 @@ def load(name_or_path: str | os.PathLike[str], **params: Any) -> ir.Program:
     """Load a shipped algorithm by name, or a ``.cll`` file by path, and check it."""
     path = algorithm_path(name_or_path)
     return load_source(read_source(path), str(path), path.stem, params)
+
+
+def generate(program: ir.Program, target: str) -> str:
+    """The kernel source of a checked program for ``target`` (``"cpu"`` or ``"cuda"``):
+    lower, schedule with the target's options, render. ``HIPRESS_DUMP`` shows each
+    stage's output.
+
+    Raises:
+        BuildError: no renderer for ``target``.
+    """
+    renderer = renderer_for(target)
+    lowered = lower(program)
+    dump_stage("lower", lowered)
+    encode, decode = schedule(lowered, renderer.options)
+    dump_stage("schedule", f"{encode}\n{decode}")
+    source = renderer(program).source(encode, decode)
+    dump_stage("render", source)
+    return source

@@ -1,6 +1,12 @@
-"""CompLL's error classes: one hierarchy under hipress.CompileError."""
+"""CompLL's error classes (one hierarchy under hipress.CompileError), and the dump of
+each stage's output for ``HIPRESS_DUMP``."""
 
 from __future__ import annotations
+
+import os
+import sys
+from pprint import pformat
+from typing import Any
 
 from hipress.errors import CompileError
 
@@ -8,7 +14,7 @@ from .ir import Pos
 
 __all__ = [
     "CompileError", "DslSyntaxError", "DslTypeError", "LayoutError", "BuildError",
-    "SourceMap",
+    "SourceMap", "dump_stage",
 ]
 
 
@@ -40,3 +46,11 @@ class SourceMap:
             return cls(message, self.path)
         text = self.lines[pos.line - 1] if 0 < pos.line <= len(self.lines) else None
         return cls(message, self.path, pos.line, pos.column, text)
+
+
+def dump_stage(stage: str, value: Any) -> None:
+    """Print a stage's output to stderr when ``HIPRESS_DUMP`` names it (or is ``all``)."""
+    wanted = os.environ.get("HIPRESS_DUMP", "")
+    if stage in wanted.split(",") or wanted == "all":
+        text = value if isinstance(value, str) else pformat(value, width=100)
+        print(f"--- compll {stage} ---\n{text}", file=sys.stderr)

@@ -17,17 +17,16 @@ import re
 import numpy as np
 
 from . import ir
-from .builtins import BUILTINS, Kind
+from .builtins import BUILTINS, OPERATORS, Kind
 from .constants import MAX_STAGED
 from .diagnostics import BuildError
 from .interpreter import cast, eval_constant
 from .schedule import ArrayInfo, Extent, extent_of
-from .typing_rules import arith_elem, promote_one
+from .typing_rules import promote_one
 
 __all__ = ["ExprRenderer", "MAX_STAGED"]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ARITH = {"+": "add", "-": "sub", "*": "mul"}
 _SCALAR_FNS = (Kind.CAST, Kind.ELEMENTWISE)
 
 
@@ -55,7 +54,7 @@ class ExprRenderer:
         self.pass_stage: list[tuple[str, int]] = []  # packed arrays the open pass stages
         self.pass_expand: list[tuple[str, int]] = []  # (f32 array bytes, block) it expands
         self.block_bytes: dict[str, str] = {}  # one-value-per-block f32 arrays in memory
-        # what a pass's prologue computes per chunk (compll.scheduling.fuse_blockwise)
+        # what a pass's prologue computes per chunk (compll.passes.fuse_blockwise)
         self.prologue_calls: dict[str, str] = {}  # block reductions' range calls
         self.prologue_fns: dict[str, str] = {}  # per-block lazy arrays' element functions
         self.stage_index: str | None = None  # the index of a staged element lambda
@@ -210,25 +209,9 @@ class ExprRenderer:
 
     def expr_binary(self, e: ir.Binary) -> str:
         assert e.ty is not None and e.left.ty is not None and e.right.ty is not None
-        op = e.op
-        if op in ("and", "or"):  # both sides are side-effect free: no short-circuit branch
-            c = "&" if op == "and" else "|"
-            return f"((bool)({self.as_elem(e.left, 'bool')} {c} {self.as_elem(e.right, 'bool')}))"
-        if e.ty.elem == "bool" and op in ("&", "|", "^"):
-            return f"({self.as_elem(e.left, 'bool')} {op} {self.as_elem(e.right, 'bool')})"
-        if op in ("<<", ">>"):
-            elem = e.ty.elem
-            a, b = self.as_elem(e.left, elem), self.as_elem(e.right, "u32")
-            return f"hp_{'shl' if op == '<<' else 'shr'}_{elem}({a}, {b})"
-        elem = arith_elem(e.left.ty, e.right.ty)
-        a, b = self.as_elem(e.left, elem), self.as_elem(e.right, elem)
-        if op in ("/", "%") and elem != "f32":
-            return f"hp_{'div' if op == '/' else 'mod'}_{elem}({a}, {b})"
-        if elem == "i32" and op in _ARITH:
-            return f"hp_{_ARITH[op]}_i32({a}, {b})"
-        if elem == "u32" and op in ("+", "-", "*"):
-            return f"((uint32_t)({a} {op} {b}))"
-        return f"({a} {op} {b})"
+        op = OPERATORS[e.op]
+        left, right = op.operand_types(e.ty.elem, e.left.ty, e.right.ty)
+        return op.render_c(left, self.as_elem(e.left, left), self.as_elem(e.right, right))
 
     def expr_select(self, e: ir.Select) -> str:
         assert e.ty is not None

@@ -18,9 +18,9 @@ import numpy as np
 from hipress.errors import PayloadError
 
 from . import ir, payload, rng
-from .builtins import BUILTINS, Kind
+from .builtins import BUILTINS, OPERATORS, Kind
 from .constants import NONFINITE, SUM_BLOCK, SUM_CHUNK, SUM_LANES
-from .typing_rules import DTYPES, arith_elem, promote_one
+from .typing_rules import DTYPES, promote_one
 
 __all__ = ["Packed", "encode", "decode", "eval_constant", "SUM_CHUNK", "SUM_LANES", "SUM_BLOCK"]
 
@@ -78,42 +78,6 @@ def _from_f16(x: np.ndarray, dtype: type) -> np.ndarray:
         bits = out.view(np.uint32) | np.where(np.isnan(out), np.uint32(0x400000), np.uint32(0))
         out = bits.astype(np.uint32).view(np.float32)
     return out.astype(dtype)
-
-
-def _int_div(a: np.ndarray, b: np.ndarray, elem: str, mod: bool) -> np.ndarray:
-    wide_a, wide_b = a.astype(np.int64), b.astype(np.int64)
-    safe = np.where(wide_b == 0, 1, wide_b)
-    q = np.abs(wide_a) // np.abs(safe) * np.sign(wide_a) * np.sign(safe)  # truncation
-    out = wide_a - q * safe if mod else q
-    out = np.where(wide_b == 0, 0, out)
-    return cast(out, elem)
-
-
-def binary(op: str, a: np.ndarray, b: np.ndarray, elem: str) -> np.ndarray:
-    """Apply a binary operator with both operands already cast to ``elem``."""
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return a / b if elem == "f32" else _int_div(a, b, elem, mod=False)
-    if op == "%":
-        return _int_div(a, b, elem, mod=True)
-    if op in ("<", "<=", ">", ">=", "==", "!="):
-        return {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-                "==": np.equal, "!=": np.not_equal}[op](a, b)
-    if op == "&":
-        return a & b
-    if op == "|":
-        return a | b
-    if op == "^":
-        return a ^ b
-    if op in ("<<", ">>"):
-        count = (b.astype(np.int64) & 31).astype(a.dtype)
-        return np.left_shift(a, count) if op == "<<" else np.right_shift(a, count)
-    raise NotImplementedError(f"the interpreter has no operator {op!r}")
 
 
 def elementwise(fn: str, args: list[np.ndarray], operand: str) -> np.ndarray:
@@ -306,18 +270,10 @@ class _Frame:
 
     def eval_binary(self, e: ir.Binary) -> np.ndarray:
         assert e.ty is not None and e.left.ty is not None and e.right.ty is not None
-        if e.op in ("and", "or"):
-            a, b = self.as_elem(e.left, "bool"), self.as_elem(e.right, "bool")
-            return (a & b) if e.op == "and" else (a | b)
-        if e.ty.elem == "bool" and e.op in ("&", "|", "^"):
-            return binary(e.op, self.as_elem(e.left, "bool"), self.as_elem(e.right, "bool"),
-                          "bool")
-        if e.op in ("<<", ">>"):
-            elem = e.ty.elem
-            return binary(e.op, self.as_elem(e.left, elem), self.as_elem(e.right, "u32"), elem)
-        elem = arith_elem(e.left.ty, e.right.ty)
-        out = binary(e.op, self.as_elem(e.left, elem), self.as_elem(e.right, elem), elem)
-        return np.asarray(out)
+        op = OPERATORS[e.op]
+        left, right = op.operand_types(e.ty.elem, e.left.ty, e.right.ty)
+        return np.asarray(op.numpy(self.as_elem(e.left, left), self.as_elem(e.right, right),
+                                   left))
 
     def eval_select(self, e: ir.Select) -> np.ndarray:
         assert e.ty is not None

@@ -22,17 +22,14 @@ import jinja2
 
 from . import ir
 from . import schedule as sch
-from .compiler import dump_stage
 from .constants import SUM_CHUNK
 from .diagnostics import BuildError
 from .expressions import ExprRenderer
 from .ir import FLOATS
-from .lower import lower
 from .payload import algorithm_id, size_rule
-from .scheduling import schedule
 from .typing_rules import ITEMSIZE, promote_one
 
-__all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "render"]
+__all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "renderer_for"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 
@@ -494,11 +491,8 @@ class CRenderer(ExprRenderer):
                        f"{self.literal(value, elem)};")
         return out
 
-    def source(self) -> str:
-        lowered = lower(self.program)
-        dump_stage("lower", lowered)
-        encode, decode = schedule(lowered, self.options)
-        dump_stage("schedule", f"{encode}\n{decode}")
+    def source(self, encode: sch.Kernel, decode: sch.Kernel) -> str:
+        """The program's source from its two scheduled kernels."""
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(_TEMPLATES)), keep_trailing_newline=True,
             undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True,
@@ -550,11 +544,9 @@ class CudaRenderer(CRenderer):
     rint = "rintf"
 
 
-def render(program: ir.Program, target: str) -> str:
-    """Render a checked program for ``target`` (``"cpu"`` or ``"cuda"``)."""
+def renderer_for(target: str) -> type[CRenderer]:
+    """The renderer class of ``target`` (``"cpu"`` or ``"cuda"``)."""
     renderers: dict[str, type[CRenderer]] = {"cpu": CpuRenderer, "cuda": CudaRenderer}
     if target not in renderers:
         raise BuildError(f"no renderer for target {target!r}")
-    source = renderers[target](program).source()
-    dump_stage("render", source)
-    return source
+    return renderers[target]

@@ -1,11 +1,12 @@
 """The scheduled loop IR: a kernel as the statements and fused passes it runs.
 
-A ``Kernel`` (encode's or decode's) is a list of ``Item``s: scalar and lazy-array lets,
+A ``Kernel`` (encode's or decode's) is a tuple of ``Item``s: scalar and lazy-array lets,
 ``Pass``es (one loop over an ``Extent`` running several ``LoopOp``s: sums, extremes,
 stores, packs, the residual add, the output write), barrier operators (filter, sort,
 topk, scatter, pack, block reductions) and the payload's section writes and reads.
 ``compll.scheduling`` builds it from a lowered program, the renderer (``compll.render``)
 walks it, and the targets only choose ``Options``. ``HIPRESS_DUMP=schedule`` prints it.
+Every node is a frozen dataclass, as the IR's are: a scheduling step returns new nodes.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def extent_of(e: ir.Expr, arrays: dict[str, ArrayInfo]) -> Extent:
 
 # -- loop ops -----------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class Sum:
     """``out = sum(key(array[i]))`` (``operand``: the element type summed)."""
 
@@ -126,7 +127,7 @@ class Sum:
     watch: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Extreme:
     """``out = max`` (or ``min``) of ``key(array[i])``."""
 
@@ -140,7 +141,7 @@ class Extreme:
     watch: bool = False  # as ``Sum.watch``
 
 
-@dataclass
+@dataclass(frozen=True)
 class MinMax:
     """A float min and max of the same elements, evaluated once."""
 
@@ -152,7 +153,7 @@ class MinMax:
     watch: bool = False  # as ``Sum.watch``
 
 
-@dataclass
+@dataclass(frozen=True)
 class Store:
     """Payload section ``section`` gets ``value[i]`` as ``elem``."""
 
@@ -162,7 +163,7 @@ class Store:
     watch: bool = False  # as ``Sum.watch``
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackStore:
     """Payload section ``section`` gets ``value[i]`` packed in ``bits`` bits."""
 
@@ -173,20 +174,20 @@ class PackStore:
     watch: bool = False  # as ``Sum.watch``
 
 
-@dataclass
+@dataclass(frozen=True)
 class TakeInputOp:
     """The encoder's first read of g: error feedback's ``r[i] += g[i]`` before the pass's
     other ops read element i, and the payload's non-finite flag from the value read."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckInputOp:
     """The non-finite flag from g when there is no residual (``TakeInputOp`` flags the sum
     when there is): the pass's last op, so it reads a chunk the ops before it brought into
     cache, instead of the first, which would wait on memory with nothing to overlap."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class WriteOut:
     """decode's output: ``out[i] = value[i]`` (or adds, scales, feeds back)."""
 
@@ -198,29 +199,29 @@ LoopOp = Sum | Extreme | MinMax | Store | PackStore | TakeInputOp | CheckInputOp
 
 # -- items --------------------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class Pass:
     """One loop over ``extent`` running ``ops`` element by element.
 
     ``prologue``: block reductions and lazy per-block arrays (materialised) that each
     chunk of the pass computes for its own blocks of ``block`` elements before the ops
-    run on it (``compll.scheduling.fuse_blockwise``).
+    run on it (``compll.passes.fuse_blockwise``).
     """
 
     extent: Extent
-    ops: list[LoopOp]
-    prologue: list[BlockReduce | Lazy] = field(default_factory=list)
+    ops: tuple[LoopOp, ...]
+    prologue: tuple[BlockReduce | Lazy, ...] = ()
     block: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scalar:
     name: str
     value: ir.Expr
     elem: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class Lazy:
     """An array evaluated per element where it is read (elementwise chains fuse)."""
 
@@ -230,7 +231,7 @@ class Lazy:
     in_pass: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Selection:
     """filter, sort or topk: index (when ``index``) and value buffers."""
 
@@ -242,7 +243,7 @@ class Selection:
     watch: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Scatter:
     """``name = scatter(...)`` into a zeroed buffer; indices checked when decoding."""
 
@@ -251,7 +252,7 @@ class Scatter:
     checked: bool
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackLet:
     """``name = pack(...)``: the bits of a whole array in a buffer."""
 
@@ -259,7 +260,7 @@ class PackLet:
     call: ir.Call
 
 
-@dataclass
+@dataclass(frozen=True)
 class BlockReduce:
     """``name = reduce(array, op, key=, block=B)``: one value per block of ``block``
     elements; ``other`` names the opposite extreme of the same blocks where a min and a
@@ -278,7 +279,7 @@ class BlockReduce:
     in_pass: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class TakeInput:
     """``TakeInputOp`` as a loop of its own; ``checks``: without a residual it also flags
     g (no later pass over n does)."""
@@ -286,30 +287,30 @@ class TakeInput:
     checks: bool = True
 
 
-@dataclass
+@dataclass(frozen=True)
 class EncodeInput:
     """encode's argument: the gradient, or with a residual the sum r + g."""
 
     name: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class PayloadSizes:
     """The sections' sizes, the capacity check and the header; ``residual_on_retry``: the
     caller retries on r alone when the payload does not fit, so r must hold r + g."""
 
-    sections: list[tuple[ir.Expr, ir.Section]]
+    sections: tuple[tuple[ir.Expr, ir.Section], ...]
     residual_on_retry: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScalarSection:
     section: int
     value: ir.Expr
     elem: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class PackedSection:
     """A packed let copied into its section."""
 
@@ -317,24 +318,24 @@ class PackedSection:
     name: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckSections:
     """decode's validation of the header and every section's size."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class BindSections:
     names: tuple[str, ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScatterOut:
     """decode's output as a scatter straight into ``out``."""
 
     call: ir.Call
 
 
-@dataclass
+@dataclass(frozen=True)
 class Return:
     pass
 
@@ -344,12 +345,12 @@ Item = (Pass | Scalar | Lazy | Selection | Scatter | PackLet | BlockReduce | Tak
         | BindSections | ScatterOut | Return)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
     """One function's schedule and the names it defines."""
 
     fn: str  # "encode" or "decode"
-    items: list[Item]
+    items: tuple[Item, ...]
     arrays: dict[str, ArrayInfo]
     scalars: dict[str, str]  # name -> element type
     size_arg: str = ""  # decode's n

@@ -1,12 +1,14 @@
 """Scheduling: from a lowered program to the loop IR of ``compll.schedule``.
 
-Three steps, each a function over the IR: ``_Builder`` writes every loop op as a pass of
+The steps, each a function over the IR: ``_Builder`` writes every loop op as a pass of
 its own in program order; ``fuse`` joins independent loop ops over one extent into one
 pass (a statement that needs a pass's results waits after it); ``merge_extremes`` turns
 a float min and max of the same elements into one ``MinMax`` (``merge_block_extremes``
-does the same for block reductions); and ``place_input`` puts the encoder's first read of
-``g`` (error feedback's ``r += g`` and the payload's non-finite flag) before any other, as
-the first op of a pass over ``n`` where it can.
+does the same for block reductions); ``fuse_blockwise`` runs a block reduction in the
+prologue of the pass over its elements; and ``place_input`` puts the encoder's first read
+of ``g`` (error feedback's ``r += g`` and the payload's non-finite flag) before any
+other, as the first op of a pass over ``n`` where it can. The passes after ``fuse`` live
+in ``compll.passes``. Each step returns new (frozen) items and leaves its input as it was.
 """
 
 from __future__ import annotations
@@ -16,13 +18,12 @@ from dataclasses import dataclass
 
 from . import ir
 from .builtins import BUILTINS, Kind
-from .constants import SUM_CHUNK
 from .ir import FLOATS
+from .passes import fuse_blockwise, merge_block_extremes, merge_extremes, place_input
 from .schedule import (
     ArrayInfo,
     BindSections,
     BlockReduce,
-    CheckInputOp,
     CheckSections,
     EncodeInput,
     Extent,
@@ -31,7 +32,6 @@ from .schedule import (
     Kernel,
     Lazy,
     LoopOp,
-    MinMax,
     N,
     Options,
     PackedSection,
@@ -47,12 +47,9 @@ from .schedule import (
     Selection,
     Store,
     Sum,
-    TakeInput,
-    TakeInputOp,
     WriteOut,
     calls,
     extent_of,
-    shape,
 )
 
 __all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "fuse_blockwise",
@@ -175,7 +172,7 @@ class _Builder:
             loop = Sum(name, a, key, operand, out, direct)
         else:
             loop = Extreme(name, op.name, a, key, operand, out, direct)
-        self.put(Pass(self.extent(a), [loop]), "loop", deps, (name,))
+        self.put(Pass(self.extent(a), (loop,)), "loop", deps, (name,))
 
     def let_selection(self, s: ir.Let, e: ir.Call) -> None:
         assert e.ty is not None and e.args[0].ty is not None
@@ -219,7 +216,7 @@ class _Builder:
         for x, sec in sections:
             if sec.ty.kind != "scalar":
                 size_deps |= self.deps_of(x)
-        self.put(PayloadSizes(sections), "barrier", size_deps)
+        self.put(PayloadSizes(tuple(sections)), "barrier", size_deps)
         later: list[Item] = []
         for k, (x, sec) in enumerate(sections):
             ty = sec.ty
@@ -232,9 +229,9 @@ class _Builder:
                 (a,) = x.args
                 assert a.ty is not None
                 op: LoopOp = PackStore(k, a, a.ty.elem, ty.bits)
-                self.put(Pass(self.extent(x), [op]), "loop", self.deps_of(x))
+                self.put(Pass(self.extent(x), (op,)), "loop", self.deps_of(x))
             else:
-                self.put(Pass(self.extent(x), [Store(k, x, ty.elem)]), "loop", self.deps_of(x))
+                self.put(Pass(self.extent(x), (Store(k, x, ty.elem),)), "loop", self.deps_of(x))
         for item in later:
             self.put(item, "after", set())
         self.put(Return(), "after", set())
@@ -269,7 +266,7 @@ class _Builder:
         if isinstance(value, ir.Call) and value.fn == "scatter":
             self.put(ScatterOut(value), "after", self.deps_of(value))
         else:
-            self.put(Pass(N, [WriteOut(value)]), "loop", self.deps_of(value))
+            self.put(Pass(N, (WriteOut(value),)), "loop", self.deps_of(value))
         self.put(Return(), "after", set())
 
 
@@ -290,17 +287,19 @@ def fuse(placed: list[_Placed]) -> list[Item]:
     it always.
     """
     out: list[Item] = []
-    open_pass: Pass | None = None
+    extent: Extent | None = None  # the open pass's, and its ops so far
+    ops: list[LoopOp] = []
     pending: set[str] = set()
     deferred: list[Item] = []
     deferred_names: set[str] = set()
 
     def flush() -> None:
-        nonlocal open_pass
-        if open_pass is not None and open_pass.ops:
-            out.append(open_pass)
+        nonlocal extent
+        if extent is not None and ops:
+            out.append(Pass(extent, tuple(ops)))
         out.extend(deferred)
-        open_pass = None
+        extent = None
+        ops.clear()
         pending.clear()
         deferred.clear()
         deferred_names.clear()
@@ -309,11 +308,11 @@ def fuse(placed: list[_Placed]) -> list[Item]:
         blocked = bool(p.reads & (pending | deferred_names))
         if p.how == "loop":
             assert isinstance(p.item, Pass)
-            if blocked or (open_pass is not None and open_pass.extent != p.item.extent):
+            if blocked or (extent is not None and extent != p.item.extent):
                 flush()
-            if open_pass is None:
-                open_pass = Pass(p.item.extent, [])
-            open_pass.ops.extend(p.item.ops)
+            if extent is None:
+                extent = p.item.extent
+            ops.extend(p.item.ops)
             pending.update(p.writes)
         elif p.how == "free":
             if blocked:
@@ -330,215 +329,6 @@ def fuse(placed: list[_Placed]) -> list[Item]:
             out.append(p.item)
     flush()
     return out
-
-
-def merge_extremes(items: list[Item]) -> list[Item]:
-    """A float min and a max of the same elements (operand and key) in one pass become
-    one ``MinMax``, which evaluates them once."""
-    for item in items:
-        if not isinstance(item, Pass):
-            continue
-        ops: list[LoopOp] = []
-        seen: dict[object, int] = {}
-        for op in item.ops:
-            if isinstance(op, Extreme) and op.operand in FLOATS:
-                where = (shape(op.array), shape(op.key))
-                j = seen.get(where)
-                first = ops[j] if j is not None else None
-                if isinstance(first, Extreme) and first.kind != op.kind \
-                        and first.direct == op.direct:
-                    lo, hi = (op.out, first.out) if op.kind == "min" else (first.out, op.out)
-                    assert j is not None
-                    ops[j] = MinMax(lo, hi, first.array, first.key, first.direct)
-                    del seen[where]
-                    continue
-                seen[where] = len(ops)
-            ops.append(op)
-        item.ops = ops
-    return items
-
-
-def merge_block_extremes(items: list[Item]) -> list[Item]:
-    """A block min and a block max of the same elements and blocks, one after the other,
-    run as one barrier."""
-    out: list[Item] = []
-    for item in items:
-        prev = out[-1] if out else None
-        if (isinstance(item, BlockReduce) and isinstance(prev, BlockReduce)
-                and not prev.other and {item.op, prev.op} == {"min", "max"}
-                and item.operand in FLOATS and prev.operand in FLOATS
-                and item.block == prev.block and item.direct == prev.direct
-                and (shape(item.array), shape(item.key)) == (shape(prev.array), shape(prev.key))):
-            prev.other = item.name
-            continue
-        out.append(item)
-    return out
-
-
-def _names(node: object) -> set[str]:
-    """Every variable an IR node or item mentions (lambda parameters too: conservative)."""
-    if isinstance(node, ir.Var):
-        return {node.name}
-    if isinstance(node, (list, tuple)):
-        return set().union(*(_names(x) for x in node)) if node else set()
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        return set().union(*(_names(getattr(node, f.name)) for f in dataclasses.fields(node)
-                             if f.name not in ("pos", "ty")))
-    return set()
-
-
-def _defines(item: Item) -> set[str]:
-    if isinstance(item, BlockReduce):
-        return {item.name, item.other} - {""}
-    if isinstance(item, (Lazy, Scalar)):
-        return {item.name}
-    if isinstance(item, Pass):
-        return {name for op in item.ops for name in _outs(op)}
-    return set()
-
-
-def _outs(op: LoopOp) -> list[str]:
-    if isinstance(op, (Sum, Extreme)):
-        return [op.out]
-    if isinstance(op, MinMax):
-        return [op.lo, op.hi]
-    return []
-
-
-def fuse_blockwise(items: list[Item], arrays: dict[str, ArrayInfo]) -> list[Item]:
-    """Run a block reduction inside the next pass over its elements: each chunk of the
-    pass first reduces its own blocks and evaluates the per-block arrays that depend on
-    them, then runs the ops, so the elements are read from memory once (the values are
-    the same: a block is reduced as an array of its own).
-
-    It applies when the blocks divide ``SUM_CHUNK`` (no block spans two chunks) and
-    everything between the reduction and the pass either ignores its results, is another
-    reduction of the same blocks (it joins), is a
-    per-block array of the same blocks (then filled by the prologue too), is a lazy
-    elementwise array (read inside the pass), sizes the payload (by lengths), or is a
-    pass over the blocks (it moves after the pass). The reduction stays in place as the
-    allocation of its buffers.
-    """
-    out = list(items)
-    i = -1
-    while i + 1 < len(out):
-        i += 1
-        br = out[i]
-        if not (isinstance(br, BlockReduce) and not br.in_pass and br.block > 0
-                and SUM_CHUNK % br.block == 0):
-            continue
-        base, blocks = extent_of(br.array, arrays), arrays[br.name].extent
-        fused = _defines(br)
-        prologue: list[BlockReduce | Lazy] = [br]
-        moved: list[Item] = []
-        late: set[str] = set()
-        target = None
-        for j in range(i + 1, len(out)):
-            item = out[j]
-            refs = _names(item)
-            if refs & late:
-                break
-            if isinstance(item, Pass) and item.extent == base and not item.prologue:
-                target = j
-                break
-            if isinstance(item, BlockReduce) and item.block == br.block \
-                    and extent_of(item.array, arrays) == base:
-                prologue.append(item)  # the same blocks: reduced in the same prologue
-                fused |= _defines(item)
-                continue
-            if not refs & fused:
-                continue
-            if isinstance(item, Lazy) and arrays[item.name].extent == blocks:
-                prologue.append(item)
-                fused.add(item.name)
-            elif isinstance(item, Lazy) and arrays[item.name].extent == base:
-                continue  # an element function: read per element inside the pass
-            elif isinstance(item, PayloadSizes):
-                continue  # sizes of sections: the blocks' count, not their values
-            elif isinstance(item, Pass) and item.extent == blocks:
-                moved.append(item)
-                late |= _defines(item)
-            else:
-                break
-        if target is None:
-            continue
-        this = out[target]
-        assert isinstance(this, Pass)
-        this.prologue, this.block = prologue, br.block
-        for p in prologue:
-            p.in_pass = True
-        rest = [x for x in out[i + 1:target] if not any(x is m for m in moved)]
-        out = out[:i + 1] + rest + [this] + moved + out[target + 1:]
-    return out
-
-
-def place_input(items: list[Item], early: bool, cpu: bool = False) -> list[Item]:
-    """Put the encoder's first read of g (error feedback's ``r += g`` and the non-finite
-    flag of the sum) before any other read of g: as the first op of the first pass when
-    that pass runs over n, else as a loop of its own (first of all when a gather may read
-    any index). Without a residual the flag comes from g, as the last op of the first
-    pass over n (the chunk is then in cache), or in a filter's or topk's scan of g; else
-    in the loop of its own."""
-    out: list[Item] = []
-    pending = not early
-    take: TakeInput | None = None
-    gname = ""
-    for item in items:
-        if isinstance(item, EncodeInput):
-            gname = item.name
-        if early and isinstance(item, EncodeInput):
-            take = TakeInput()
-            out += [item, take]
-            continue
-        if pending:
-            if isinstance(item, Pass):
-                if item.extent == N:
-                    item.ops.insert(0, TakeInputOp())
-                    _check_in(item, cpu)
-                else:
-                    take = TakeInput()
-                    out.append(take)
-                pending = False
-            elif isinstance(item, (Selection, Scatter, PackLet, BlockReduce, Return)):
-                take = TakeInput()
-                out.append(take)
-                pending = False
-                if _scans_input(item, gname, cpu):
-                    item.watch = True  # type: ignore[union-attr]
-                    take.checks = False
-            elif isinstance(item, PayloadSizes):
-                item.residual_on_retry = True
-        elif take is not None and take.checks and isinstance(item, Pass) \
-                and item.extent == N:
-            _check_in(item, cpu)
-            take.checks = False
-        elif take is not None and take.checks and _scans_input(item, gname, cpu):
-            item.watch = True  # type: ignore[union-attr]
-            take.checks = False
-        out.append(item)
-    return out
-
-
-def _scans_input(item: Item, gname: str, cpu: bool) -> bool:
-    """Whether ``item`` is a filter or topk over the encoder's input itself, whose scan
-    reads every element of g (on the CPU the flag then rides it)."""
-    return cpu and isinstance(item, Selection) and item.call.fn in ("filter", "topk") \
-        and isinstance(item.call.args[0], ir.Var) and item.call.args[0].name == gname
-
-
-def _check_in(item: Pass, cpu: bool) -> None:
-    """Give a pass over n the non-finite flag of g (for encodes without a residual). On
-    the CPU, in the loop of an op that reads every element anyway: a direct float
-    reduction (it waits on its adds' latency with vector units to spare), else a section
-    write; else (and on the GPU, where each op is a kernel) as the pass's last op."""
-    if cpu:
-        for kinds in ((Sum, Extreme, MinMax), (Store, PackStore)):
-            for op in reversed(item.ops):
-                if isinstance(op, kinds) and (not isinstance(op, (Sum, Extreme, MinMax))
-                                              or op.direct):
-                    op.watch = True
-                    return
-    item.ops.append(CheckInputOp())
 
 
 def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
@@ -558,7 +348,7 @@ def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
                                 cpu=options.watch_in_loops)
         else:
             size_arg = fn.args[1][0]
-        kernels.append(Kernel(fn.name, items, b.arrays, b.scalars, size_arg))
+        kernels.append(Kernel(fn.name, tuple(items), b.arrays, b.scalars, size_arg))
     return kernels[0], kernels[1]
 
 

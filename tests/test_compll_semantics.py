@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from compll import interpreter as I
 from compll import load_source, payload, rng
+from compll.builtins import OPERATORS
 
 pytestmark = pytest.mark.pure
 
@@ -42,8 +43,8 @@ def test_integer_division_truncates_like_c(a, b):
     x, y = np.array([a], np.int32), np.array([b], np.int32)
     q, r = c_div(a, b)
     wrap = lambda v: (v + 2**31) % 2**32 - 2**31  # noqa: E731
-    assert int(I.binary("/", x, y, "i32")[0]) == wrap(q)
-    assert int(I.binary("%", x, y, "i32")[0]) == wrap(r)
+    assert int(OPERATORS["/"].numpy(x, y, "i32")[0]) == wrap(q)
+    assert int(OPERATORS["%"].numpy(x, y, "i32")[0]) == wrap(r)
 
 
 def test_casts_saturate_and_wrap():

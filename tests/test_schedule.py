@@ -75,8 +75,8 @@ def test_cuda_passes_merge_no_extremes():
 
 
 def test_hipress_dump_schedule_prints_it():
-    code = ("from compll import load; from compll.render import render; "
-            "render(load('minmax8'), 'cpu')")
+    code = ("from compll import load; from compll.compiler import generate; "
+            "generate(load('minmax8'), 'cpu')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"HIPRESS_DUMP": "schedule", "PATH": ""}, check=True)
     assert "--- compll schedule ---" in out.stderr
