@@ -11,7 +11,8 @@ the launcher reports the job failed. So, once the first engine starts:
   destroys (every engine, for the default group), lets Gloo's workers drop what they
   finished, and is a no-op when the default group is already gone (``hp.shutdown()``
   destroyed it);
-- at interpreter exit, before threads are joined, every engine still open is closed.
+- at interpreter exit, before threads are joined, every engine still open is closed,
+  and Gloo's workers get the GIL once more (``let_gloo_release``).
 
 Closing a healthy engine lets its last messages leave and joins its threads
 (``Synchronizer.close``); a failed engine's threads are handled by its owner
@@ -109,4 +110,16 @@ def _install() -> None:
         import atexit
 
         register_exit = atexit.register
-    register_exit(close_engines)
+    register_exit(_at_exit)
+
+
+def _at_exit() -> None:
+    """Interpreter exit: close the engines still open, then, while a process group is
+    still up (no one destroyed it) or an engine just closed, let Gloo's workers drop
+    what they finished before the interpreter finalizes."""
+    closing = bool(_live)
+    close_engines()
+    import torch.distributed as dist
+
+    if closing or (dist.is_available() and dist.is_initialized()):
+        let_gloo_release()
