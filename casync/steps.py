@@ -124,19 +124,18 @@ class Steps:
                       self.number, self.tag, chunk, self.pool, self.rows, link)
         self.tag = (self.tag + slots(plan.topology, self.transport.size)) % tag_space
         graph = Graph(lambda: chunk.label, self.number)
-        entries = list(dict.fromkeys(s.entry for s in chunk.segments))
         try:  # building touches the device (its stream, the events): CUDA errors raise here
             with link.memory.active():  # the engine's stream waits for the gradients
                 if link.memory.cuda:  # host memory has nothing to wait for
-                    for entry in entries:
+                    for entry in _entries(chunk):
                         link.memory.after(entry.ready)
                 BUILDERS[plan.topology](ctx, graph)
         except RuntimeError as exc:  # torch's error type for a backend's failure
             error = self.executor.reject(graph, exc)
-            _fail(entries, error)
+            _fail(chunk, error)
             raise error from exc
         graph.on_done = lambda: self._finish(chunk, link)
-        graph.on_error = lambda error: _fail(entries, error)
+        graph.on_error = lambda error: _fail(chunk, error)
         self.graphs.append(graph)
         self.executor.add(graph)
 
@@ -159,7 +158,13 @@ class Steps:
                 completion.resolve()
 
 
-def _fail(entries: list[Entry], error: BaseException) -> None:
-    for entry in entries:
+def _entries(chunk: Chunk) -> list[Entry]:
+    """The chunk's tensors, once each (a tensor cut in pieces has several segments)."""
+    return list(dict.fromkeys(s.entry for s in chunk.segments))
+
+
+def _fail(chunk: Chunk, error: BaseException) -> None:
+    # Worked out only on failure: a healthy step never needs the chunk's tensor list.
+    for entry in _entries(chunk):
         if not entry.future.done():
             entry.future.set_exception(error)
