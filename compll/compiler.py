@@ -16,7 +16,7 @@ from .declarations import check
 from .diagnostics import dump_stage
 from .lower import lower
 from .parser import parse
-from .render import renderer_for
+from .render import render, renderer_for
 from .scheduling import schedule
 
 __all__ = ["dsl_dir", "algorithms", "algorithm_path", "describe_params", "dump_stage", "load",
@@ -123,11 +123,11 @@ def generate(program: ir.Program, target: str) -> str:
     Raises:
         BuildError: no renderer for ``target``.
     """
-    renderer = renderer_for(target)
+    options = renderer_for(target).options
     lowered = lower(program)
     dump_stage("lower", lowered)
-    encode, decode = schedule(lowered, renderer.options)
+    encode, decode = schedule(lowered, options)
     dump_stage("schedule", f"{encode}\n{decode}")
-    source = renderer(program).source(encode, decode)
+    source = render(program, encode, decode, target)
     dump_stage("render", source)
     return source

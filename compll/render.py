@@ -22,74 +22,46 @@ import jinja2
 
 from . import ir
 from . import schedule as sch
-from .constants import SUM_CHUNK
 from .diagnostics import BuildError
-from .expressions import ExprRenderer
+from .expressions import ONCE, Scope
 from .ir import FLOATS
-from .payload import algorithm_id, size_rule
-from .typing_rules import ITEMSIZE, promote_one
+from .payload import algorithm_id
+from .sections import SectionRenderer
+from .typing_rules import promote_one
 
-__all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "renderer_for"]
+__all__ = ["CRenderer", "CpuRenderer", "CudaRenderer", "render", "renderer_for"]
 
 _TEMPLATES = Path(__file__).parent / "templates"
 
 
-class CRenderer(ExprRenderer):
-    """The shared C-style renderer: a walk over a kernel's schedule."""
-
-    options = sch.Options()
-    #: the target defers error feedback's residual update into the next encode: the
-    #: encoder takes a ``settle`` and the decoder hands its output pass to ``then``
-    #: (``hp::finish`` in cpu_runtime.h)
-    settles = False
-
-    @property
-    def settle(self) -> str:
-        return ", settle" if self.settles else ""
+class CRenderer(SectionRenderer):
+    """The shared C-style renderer: a walk over a kernel's schedule that prints it."""
 
     # -- element functions --------------------------------------------------------------------
-    def element_fn(self, e: ir.Expr, elem: str, staged: bool = False) -> str:
-        """A lambda over element indices computing ``e`` as ``elem``; ``staged`` lambdas
-        belong to a fused pass and also take its ``hp::Stage``."""
+    def element_fn(self, e: ir.Expr, elem: str, loop: sch.Pass | None = None) -> str:
+        """A lambda over element indices computing ``e`` as ``elem``; the element
+        functions of a fused ``loop`` also take its ``hp::Stage``."""
         i = self.fresh("i")
-        saved, self.stage_index = self.stage_index, (i if staged else None)
-        try:
-            body = self.at_elem(e, i, elem)
-        finally:
-            self.stage_index = saved
-        return f"{self.lam}({self.signature(i, staged)}) -> {self.ctype(elem)} {{ return {body}; }}"
+        body = self.as_elem(e, elem, Scope(index=i, staged=i if loop else None, loop=loop))
+        return f"{self.lam}({self.signature(i, loop is not None)}) -> {self.ctype(elem)} " \
+               f"{{ return {body}; }}"
 
     @staticmethod
     def signature(i: str, staged: bool) -> str:
         return f"uint64_t {i}, const hp::Stage& st" if staged else f"uint64_t {i}"
 
-    def at_elem(self, e: ir.Expr, index: str, elem: str) -> str:
-        saved, self.index = self.index, index
-        try:
-            return self.as_elem(e, elem)
-        finally:
-            self.index = saved
-
     def keyed_fn(self, a: ir.Expr, key: ir.Lambda | None, elem: str,
-                 staged: bool = False) -> str:
+                 loop: sch.Pass | None = None) -> str:
         """The lambda of ``key(a[i])`` (or ``a[i]`` without a key) as ``elem``."""
         if key is None:
-            return self.element_fn(a, elem, staged)
+            return self.element_fn(a, elem, loop)
         assert key.ty is not None
         i = self.fresh("i")
-        saved, self.stage_index = self.stage_index, (i if staged else None)
-        try:
-            value = self.apply(key, [self.at(a, i)], i)
-        finally:
-            self.stage_index = saved
+        sc = Scope(index=i, staged=i if loop else None, loop=loop)
+        value = self.apply(key, [self.expr(a, sc)], i, sc)
         body = self.convert(value, key.ty.elem, elem)
-        return (f"{self.lam}({self.signature(i, staged)}) -> {self.ctype(elem)} "
+        return (f"{self.lam}({self.signature(i, loop is not None)}) -> {self.ctype(elem)} "
                 f"{{ return {body}; }}")
-
-    def emit(self, line: str) -> None:
-        for pending in self.take_hoisted():
-            self.lines.append("  " + pending)
-        self.lines.append("  " + line)
 
     def bind_buffer(self, name: str, buf: str, elem: str) -> None:
         n = self.safe(name)
@@ -97,6 +69,13 @@ class CRenderer(ExprRenderer):
         self.emit(f"{t}* b_{n} = {buf}.data();")
         self.emit(f"auto a_{n} = {self.lam}(uint64_t i) -> {t} {{ return b_{n}[i]; }};")
         self.emit(f"const uint64_t a_{n}_len = {buf}.size();")
+
+    def block_bytes(self, name: str) -> str:
+        """The bytes of a one-value-per-block f32 array in memory (a pass stages them)."""
+        arr = self.arrays[name]
+        if arr.value is None and not arr.buffer:  # a payload section, read in place
+            return f"s_{self.safe(name)}"
+        return f"(const uint8_t*)b_{self.safe(name)}"
 
     # -- statements ---------------------------------------------------------------------------
     def item_encodeinput(self, item: sch.EncodeInput) -> None:
@@ -112,29 +91,29 @@ class CRenderer(ExprRenderer):
         checks = "true" if item.checks else "false"
         self.emit(f"hp::take_input(r_ptr, g_in, n, nonfinite.ptr(), {checks}{self.settle});")
 
+    def item_streamkeys(self, item: sch.StreamKeys) -> None:
+        for s in item.streams:
+            self.emit(f"const uint32_t key_{s} = hp_stream_key(seed, step, {s}u);")
+
     def item_scalar(self, item: sch.Scalar) -> None:
         c = self.scalars[item.name]
-        self.emit(f"const {self.ctype(item.elem)} {c} = {self.as_elem(item.value, item.elem)};")
+        self.emit(f"const {self.ctype(item.elem)} {c} = "
+                  f"{self.as_elem(item.value, item.elem, ONCE)};")
 
     def item_lazy(self, item: sch.Lazy) -> None:
         assert item.value.ty is not None
         elem = item.value.ty.elem
-        fn = self.element_fn(item.value, elem)
-        extent = self.arrays[item.name].extent
-        length = item.value.ty.length
-        if length is not None and length.kind == "blocks":  # read per element by expand
-            buf = self.fresh("blk")
-            if item.in_pass:  # filled by the prologue of a later pass
-                self.emit(f"hp::buffer<{self.ctype(elem)}> {buf}({self.extent(extent)});")
-                self.prologue_fns[item.name] = fn
-            else:
-                self.emit(f"auto {buf} = hp::materialize<{self.ctype(elem)}>("
-                          f"{self.extent(extent)}, {fn});")
-            self.bind_buffer(item.name, buf, elem)
-            if elem == "f32":
-                self.block_bytes[item.name] = f"(const uint8_t*)b_{self.safe(item.name)}"
+        if not item.materialize:
+            self.emit(f"auto a_{self.safe(item.name)} = {self.element_fn(item.value, elem)};")
             return
-        self.emit(f"auto a_{self.safe(item.name)} = {fn};")
+        buf = self.fresh("blk")  # read per element by expand: evaluated into a buffer
+        extent = self.extent(self.arrays[item.name].extent)
+        if item.in_pass:  # filled by the prologue of a later pass
+            self.emit(f"hp::buffer<{self.ctype(elem)}> {buf}({extent});")
+        else:
+            self.emit(f"auto {buf} = hp::materialize<{self.ctype(elem)}>({extent}, "
+                      f"{self.element_fn(item.value, elem)});")
+        self.bind_buffer(item.name, buf, elem)
 
     def item_selection(self, item: sch.Selection) -> None:
         e = item.call
@@ -147,7 +126,8 @@ class CRenderer(ExprRenderer):
         watch = ", r_ptr ? nullptr : g_in, nonfinite.ptr()" if item.watch else ""
         if e.fn == "filter":
             i = self.fresh("i")
-            body = self.apply(e.args[1], [self.at(a, i)], i)
+            sc = Scope(index=i)
+            body = self.apply(e.args[1], [self.expr(a, sc)], i, sc)
             pred_fn = f"{self.lam}(uint64_t {i}) -> bool {{ return {body}; }}"
             call = (f"hp::filter<{t}>({self.length(a)}, {self.element_fn(a, elem)}, {pred_fn}, "
                     f"{tail}{watch});")
@@ -157,7 +137,7 @@ class CRenderer(ExprRenderer):
             call = (f"hp::sort<{t}>({self.length(a)}, {self.element_fn(a, elem)}, "
                     f"{self.key_or_value(e)}, {flag}, {tail});")
         else:
-            call = (f"hp::topk<{t}>({self.length(a)}, (int64_t)({self.expr(e.args[1])}), "
+            call = (f"hp::topk<{t}>({self.length(a)}, (int64_t)({self.expr(e.args[1], ONCE)}), "
                     f"{self.element_fn(a, elem)}, {self.key_or_value(e)}, {tail}{watch});")
         self.emit(f"hp::buffer<{t}> {vals};")
         self.emit(f"hp::buffer<uint32_t> {idx};")
@@ -179,10 +159,10 @@ class CRenderer(ExprRenderer):
         idx, vals, size = e.args
         assert vals.ty is not None
         elem = vals.ty.elem
-        m = f"(uint64_t)std::max<int64_t>(0, (int64_t)({self.expr(size)}))"
+        m = f"(uint64_t)std::max<int64_t>(0, (int64_t)({self.expr(size, ONCE)}))"
         i = self.fresh("i")
         index_fn = (f"{self.lam}(uint64_t {i}) -> int64_t {{ return "
-                    f"(int64_t)({self.at(idx, i)}); }}")
+                    f"(int64_t)({self.at(idx, i, ONCE)}); }}")
         return elem, m, self.length(idx), index_fn, self.element_fn(vals, elem)
 
     def item_scatter(self, item: sch.Scatter) -> None:
@@ -206,283 +186,152 @@ class CRenderer(ExprRenderer):
         self.emit(f"const uint8_t* pk_{n} = pkb_{n}.data();")
 
     def item_blockreduce(self, item: sch.BlockReduce) -> None:
-        n = self.safe(item.name)
         t = self.ctype(item.elem)
         count = self.extent(self.arrays[item.name].extent)
-        float_op = item.operand in FLOATS
-        fn = self.keyed_fn(item.array, item.key, "f32" if float_op else item.operand)
-        is_max = "true" if item.op == "max" else "false"
-        direct = "true" if item.direct else "false"
-        buf = self.fresh("blk")
-        self.emit(f"hp::buffer<{t}> {buf}({count});")
-        # In a later pass's prologue the same call covers blocks [k0, k1) of each chunk.
-        # (by the bound pointers: a by-value capture's buffers are const there).
-        rng, at = ("_range", "k0, k1, ") if item.in_pass else ("", "")
-        data = (lambda b, name: f"b_{self.safe(name)}") if item.in_pass \
-            else (lambda b, name: f"{b}.data()")
-        args = f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data(buf, item.name)}"
+        bufs = {}
+        for name in (item.name, item.other):
+            if name:
+                bufs[name] = self.fresh("blk")
+                self.emit(f"hp::buffer<{t}> {bufs[name]}({count});")
         if item.other:
-            other = self.fresh("blk")
-            self.emit(f"hp::buffer<{t}> {other}({count});")
-            lo, hi = ((buf, item.name), (other, item.other)) if item.op == "min" \
-                else ((other, item.other), (buf, item.name))
-            args = (f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data(*lo)}, "
-                    f"{data(*hi)}")
-            call = f"hp::block_minmax_f32{rng}<{direct}>({args});"
-            self.bind_buffer(item.other, other, item.elem)
-            if item.elem == "f32":
-                self.block_bytes[item.other] = f"(const uint8_t*)b_{self.safe(item.other)}"
-        elif item.op == "sum" and float_op:
-            call = f"hp::block_sum_f32{rng}<{direct}>({args});"
-        elif item.op == "sum":
-            call = f"hp::block_sum_int{rng}<{t}>({args});"
-        elif float_op:
-            call = f"hp::block_extreme_f32{rng}<{is_max}, {direct}>({args});"
-        else:
-            call = f"hp::block_extreme_int{rng}<{is_max}, {self.ctype(item.operand)}>({args});"
-        if item.in_pass:
-            self.prologue_calls[item.name] = call
-        else:
-            self.emit(call)
-        self.bind_buffer(n, buf, item.elem)
-        if item.elem == "f32":
-            self.block_bytes[item.name] = f"(const uint8_t*)b_{n}"
+            self.bind_buffer(item.other, bufs[item.other], item.elem)
+        if not item.in_pass:  # else a later pass's prologue fills the buffers
+            self.emit(self.block_reduce(item, {n: f"{b}.data()" for n, b in bufs.items()}))
+        self.bind_buffer(item.name, bufs[item.name], item.elem)
+
+    def block_reduce(self, item: sch.BlockReduce, data: dict[str, str], rng: str = "") -> str:
+        """The call reducing ``item``'s blocks into ``data`` (the buffers by name); with
+        ``rng``, only blocks [k0, k1) (a pass's prologue, chunk by chunk)."""
+        t = self.ctype(item.elem)
+        fn = self.keyed_fn(item.array, item.key, "f32" if item.operand in FLOATS
+                           else item.operand)
+        direct = "true" if item.direct else "false"
+        at = "k0, k1, " if rng else ""
+        if item.other:
+            lo, hi = (item.name, item.other) if item.op == "min" else (item.other, item.name)
+            args = (f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data[lo]}, "
+                    f"{data[hi]}")
+            return f"hp::block_minmax_f32{rng}<{direct}>({args});"
+        args = f"{self.length(item.array)}, {item.block}u, {at}{fn}, {data[item.name]}"
+        if item.op == "sum" and item.operand in FLOATS:
+            return f"hp::block_sum_f32{rng}<{direct}>({args});"
+        if item.op == "sum":
+            return f"hp::block_sum_int{rng}<{t}>({args});"
+        is_max = "true" if item.op == "max" else "false"
+        if item.operand in FLOATS:
+            return f"hp::block_extreme_f32{rng}<{is_max}, {direct}>({args});"
+        return f"hp::block_extreme_int{rng}<{is_max}, {self.ctype(item.operand)}>({args});"
 
     # -- passes -------------------------------------------------------------------------------
     def item_pass(self, item: sch.Pass) -> None:
-        self.pass_stage, self.pass_expand = [], []
         ops = []
         for op in item.ops:
             for name, elem in _results(op):
                 self.emit(f"{self.ctype(elem)} {self.scalars[name]};")
-            ops.append(getattr(self, "op_" + type(op).__name__.lower())(op))
-        srcs = ", ".join(s for s, _ in self.pass_stage)
-        bits = ", ".join(f"{b}u" for _, b in self.pass_stage)
-        fields = f"{{{srcs}}}, {{{bits}}}, {len(self.pass_stage)}"
-        if self.pass_expand:
-            xs = ", ".join(s for s, _ in self.pass_expand)
-            blocks = ", ".join(f"{b}u" for _, b in self.pass_expand)
-            fields += f", {{{xs}}}, {{{blocks}}}, {len(self.pass_expand)}"
+            ops.append(getattr(self, "op_" + type(op).__name__.lower())(op, item))
+        fields = (f"{{{', '.join(f'pk_{self.safe(n)}' for n, _ in item.stage)}}}, "
+                  f"{{{', '.join(f'{b}u' for _, b in item.stage)}}}, {len(item.stage)}")
+        if item.expand:
+            xs = ", ".join(self.block_bytes(n) for n, _ in item.expand)
+            blocks = ", ".join(f"{b}u" for _, b in item.expand)
+            fields += f", {{{xs}}}, {{{blocks}}}, {len(item.expand)}"
         body = ",\n      ".join(ops)
-        # Block by block (hp::BlockStage) where the runtime allows it: see fused_pro.
-        sizes = {b for _, b in self.pass_expand}
-        by_block = "<true>" if (self.stage_expands and len(sizes) == 1 and all(
-            b > 0 and b % 8 == 0 and SUM_CHUNK % b == 0 for b in sizes) and all(
-            isinstance(op, _SPLIT) for op in item.ops)) else ""
+        by_block = "<true>" if item.by_block else ""
+        extent = self.extent(item.extent)
         if item.prologue:
-            pro = self.fresh("pro")
-            steps = [self.prologue_calls[p.name] if isinstance(p, sch.BlockReduce)
-                     else f"hp::fill_range(b_{self.safe(p.name)}, k0, k1, "
-                          f"{self.prologue_fns[p.name]});" for p in item.prologue]
-            self.emit(f"auto {pro} = {self.lam}(uint64_t lo, uint64_t hi) {{")
-            self.emit(f"  const uint64_t k0 = lo / {item.block}u, "
-                      f"k1 = hp::blocks(hi, {item.block}u);")
-            for step in steps:
-                self.emit("  " + step)
-            self.emit("};")
-            self.emit(f"hp::fused_pro{by_block or '<false>'}({self.extent(item.extent)}, {pro}, "
+            pro = self.prologue(item)
+            self.emit(f"hp::fused_pro{by_block or '<false>'}({extent}, {pro}, "
                       f"hp::Unpacks{{{fields}}},\n      {body});")
-        elif self.settles and [type(op) for op in item.ops] == [sch.WriteOut]:
-            self.emit(f"hp::finish{by_block}(then, {self.extent(item.extent)}, "
-                      f"hp::Unpacks{{{fields}}},\n      {body});")
+        elif item.settle:
+            self.emit(f"hp::finish{by_block}(then, {extent}, hp::Unpacks{{{fields}}},\n"
+                      f"      {body});")
         else:
-            self.emit(f"hp::fused{by_block}({self.extent(item.extent)}, "
-                      f"hp::Unpacks{{{fields}}},\n      {body});")
-        self.pass_stage, self.pass_expand = [], []
+            self.emit(f"hp::fused{by_block}({extent}, hp::Unpacks{{{fields}}},\n      {body});")
+
+    def prologue(self, item: sch.Pass) -> str:
+        """Declare the lambda that computes a chunk's blocks of ``item.prologue``
+        (``fuse_blockwise``), before the pass's ops run on the chunk; return its name."""
+        steps = []
+        for p in item.prologue:
+            if isinstance(p, sch.BlockReduce):
+                data = {n: f"b_{self.safe(n)}" for n in (p.name, p.other) if n}
+                steps.append(self.block_reduce(p, data, "_range"))
+            else:
+                assert p.value.ty is not None
+                steps.append(f"hp::fill_range(b_{self.safe(p.name)}, k0, k1, "
+                             f"{self.element_fn(p.value, p.value.ty.elem)});")
+        pro = self.fresh("pro")
+        self.emit(f"auto {pro} = {self.lam}(uint64_t lo, uint64_t hi) {{")
+        self.emit(f"  const uint64_t k0 = lo / {item.block}u, "
+                  f"k1 = hp::blocks(hi, {item.block}u);")
+        for step in steps:
+            self.emit("  " + step)
+        self.emit("};")
+        return pro
 
     @staticmethod
     def watching(op: sch.Sum | sch.Extreme | sch.MinMax | sch.Store | sch.PackStore) -> str:
         """The extra arguments of a reduction that also flags g (without a residual)."""
         return ", r_ptr ? nullptr : g_in, nonfinite.ptr()" if op.watch else ""
 
-    def op_sum(self, op: sch.Sum) -> str:
+    def op_sum(self, op: sch.Sum, loop: sch.Pass) -> str:
         c = self.scalars[op.out]
         if op.operand in FLOATS:
-            fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
+            fn = self.keyed_fn(op.array, op.key, "f32", loop)
             return (f"hp::sum_f32{'<true>' if op.direct else ''}({fn}, &{c}"
                     f"{self.watching(op)})")
-        fn = self.keyed_fn(op.array, op.key, op.operand, staged=True)
+        fn = self.keyed_fn(op.array, op.key, op.operand, loop)
         return f"hp::sum_int<{self.ctype(op.elem)}>({fn}, &{c})"
 
-    def op_extreme(self, op: sch.Extreme) -> str:
+    def op_extreme(self, op: sch.Extreme, loop: sch.Pass) -> str:
         c = self.scalars[op.out]
         is_max = "true" if op.kind == "max" else "false"
         if op.operand in FLOATS:
-            fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
+            fn = self.keyed_fn(op.array, op.key, "f32", loop)
             return (f"hp::extreme_f32<{is_max}{', true' if op.direct else ''}>({fn}, &{c}"
                     f"{self.watching(op)})")
-        fn = self.keyed_fn(op.array, op.key, op.operand, staged=True)
+        fn = self.keyed_fn(op.array, op.key, op.operand, loop)
         return f"hp::extreme_int<{is_max}, {self.ctype(op.operand)}>({fn}, &{c})"
 
-    def op_minmax(self, op: sch.MinMax) -> str:
-        fn = self.keyed_fn(op.array, op.key, "f32", staged=True)
+    def op_minmax(self, op: sch.MinMax, loop: sch.Pass) -> str:
+        fn = self.keyed_fn(op.array, op.key, "f32", loop)
         lo, hi = self.scalars[op.lo], self.scalars[op.hi]
         return (f"hp::minmax_f32{'<true>' if op.direct else ''}({fn}, &{lo}, &{hi}"
-                    f"{self.watching(op)})")
+                f"{self.watching(op)})")
 
-    def op_store(self, op: sch.Store) -> str:
-        fn = self.element_fn(op.value, op.elem, staged=True)
+    def op_store(self, op: sch.Store, loop: sch.Pass) -> str:
+        fn = self.element_fn(op.value, op.elem, loop)
         return f"hp::store<{self.ctype(op.elem)}>(sec[{op.section}], {fn}{self.watching(op)})"
 
-    def op_packstore(self, op: sch.PackStore) -> str:
-        fn = self.element_fn(op.value, op.elem, staged=True)
+    def op_packstore(self, op: sch.PackStore, loop: sch.Pass) -> str:
+        fn = self.element_fn(op.value, op.elem, loop)
         return f"hp::pack<{op.bits}>(sec[{op.section}], {fn}{self.watching(op)})"
 
-    def op_takeinputop(self, op: sch.TakeInputOp) -> str:
+    def op_takeinputop(self, op: sch.TakeInputOp, loop: sch.Pass) -> str:
         return f"hp::take_input_op(r_ptr, g_in, nonfinite.ptr(){self.settle})"
 
-    def op_checkinputop(self, op: sch.CheckInputOp) -> str:
+    def op_checkinputop(self, op: sch.CheckInputOp, loop: sch.Pass) -> str:
         return "hp::check_input_op(r_ptr, g_in, nonfinite.ptr())"
 
-    def op_writeout(self, op: sch.WriteOut) -> str:
-        fn = self.element_fn(op.value, "f32", staged=True)
+    def op_writeout(self, op: sch.WriteOut, loop: sch.Pass) -> str:
+        fn = self.element_fn(op.value, "f32", loop)
         return f"hp::write_out(out, accumulate, scale, feedback, {fn})"
-
-    # -- encode: the payload ------------------------------------------------------------------
-    def section_size(self, x: ir.Expr, section: ir.Section) -> str:
-        rule = size_rule(section.ty)
-        if section.ty.kind == "scalar":
-            return str(rule.bytes(1))
-        return rule.c(self.length(x))
-
-    def item_payloadsizes(self, item: sch.PayloadSizes) -> None:
-        count = len(item.sections)
-        self.emit(f"uint64_t sz[{count}];")
-        for k, (x, sec) in enumerate(item.sections):
-            self.emit(f"sz[{k}] = {self.section_size(x, sec)};")
-        self.emit(f"uint64_t total = hp::HEADER + 8 * {count};")
-        self.emit(f"for (int k = 0; k < {count}; ++k) total += hp_pad8(sz[k]);")
-        if item.residual_on_retry:  # the caller retries on r alone: it must hold r + g
-            self.emit("if (total > cap) {")
-            self.emit(f"  if (r_ptr) hp::add_into(r_ptr, g_in, n{self.settle});")
-            self.emit("  return (int64_t)total;")
-            self.emit("}")
-        else:
-            self.emit("if (total > cap) return (int64_t)total;")
-        self.emit(f"hp::write_header(out, {count}, ALGO_ID, n, seed, step, sz);")
-        self.emit(f"uint8_t* sec[{count}];")
-        self.emit(f"sec[0] = out + hp::HEADER + 8 * {count};")
-        for k in range(1, count):
-            self.emit(f"sec[{k}] = sec[{k - 1}] + hp_pad8(sz[{k - 1}]);")
-        for k in range(count):
-            self.emit(f"hp::zero_bytes(sec[{k}] + sz[{k}], hp_pad8(sz[{k}]) - sz[{k}]);")
-
-    def item_scalarsection(self, item: sch.ScalarSection) -> None:
-        tmp = self.fresh("s")
-        self.emit(f"const {self.ctype(item.elem)} {tmp} = {self.as_elem(item.value, item.elem)};")
-        self.emit(f"hp::put_bytes(sec[{item.section}], &{tmp}, sz[{item.section}]);")
-
-    def item_packedsection(self, item: sch.PackedSection) -> None:
-        self.emit(f"hp::copy_bytes(sec[{item.section}], pk_{self.safe(item.name)}, "
-                  f"sz[{item.section}]);")
-
-    def item_return(self, item: sch.Return) -> None:
-        if self.kernel_fn == "encode":
-            self.emit("hp::mark_nonfinite(out, nonfinite);")
-            self.emit("return (int64_t)total;")
-        else:
-            self.emit("return 0;")
-
-    # -- decode: validate, then evaluate ------------------------------------------------------
-    def item_checksections(self, item: sch.CheckSections) -> None:
-        layout = self.program.layout
-        count = len(layout)
-        self.emit(f"uint64_t sz[{count}];")
-        self.emit("uint32_t seed = 0, step = 0, flags = 0;")
-        self.emit(f"if (!hp::read_header(p, size, ALGO_ID, n, {count}, sz, &seed, &step, "
-                  "&flags, err, errcap)) return 1;")
-        self.emit(f"uint64_t cnt[{count}];")
-        for k, section in enumerate(layout):
-            ty = section.ty
-            rule = size_rule(ty)
-            if ty.kind == "scalar":
-                want = rule.bytes(1)
-                self.emit(f"cnt[{k}] = 1;")
-                self.emit(f"if (sz[{k}] != {want}) return hp::fail(err, errcap, "
-                          f"\"a {ty.elem} section must be {want} bytes, not %llu\", sz[{k}]);")
-                continue
-            assert ty.length is not None
-            fixed = self.fixed_count(ty.length)
-            what = f"u{ty.bits}" if ty.kind == "packed" else ty.elem
-            if fixed is not None:
-                self.emit(f"cnt[{k}] = {fixed};")
-                self.emit(f"if (sz[{k}] != {rule.c(f'cnt[{k}]')}) return hp::fail(err, errcap, "
-                          f"\"a {what}[%llu] section must be %llu bytes\", cnt[{k}], "
-                          f"{rule.c(f'cnt[{k}]')});")
-            else:
-                item_bytes = ITEMSIZE[ty.elem]
-                self.emit(f"if (sz[{k}] % {item_bytes} != 0) return hp::fail(err, errcap, "
-                          f"\"a {ty.elem} array section of %llu bytes is not whole elements\", "
-                          f"sz[{k}]);")
-                self.emit(f"cnt[{k}] = sz[{k}] / {item_bytes};")
-        groups: dict[str, int] = {}
-        for k, section in enumerate(layout):
-            if not section.group:
-                continue
-            if section.group in groups:
-                j = groups[section.group]
-                self.emit(f"if (cnt[{k}] != cnt[{j}]) return hp::fail(err, errcap, "
-                          "\"sections of one group hold %llu and %llu elements\", "
-                          f"cnt[{j}], cnt[{k}]);")
-            else:
-                groups[section.group] = k
-        self.emit(f"if (!hp::check_total(size, {count}, sz, err, errcap)) return 1;")
-        # A payload of non-finite values decodes to NaN whatever its sections hold.
-        self.emit("if (flags & hp::NONFINITE) return hp::poison(out, n, feedback);")
-        self.keys_at = len(self.lines)  # seed and step come from the header just read
-
-    def fixed_count(self, length: ir.Length) -> str | None:
-        """A C expression for a section's element count known from n, or None."""
-        if length.kind == "n":
-            return "n"
-        if length.kind == "const":
-            return str(length.value)
-        if length.kind == "blocks":
-            assert length.base is not None
-            base = self.fixed_count(length.base)
-            return None if base is None else f"hp::blocks({base}, {length.value})"
-        return None
-
-    def item_bindsections(self, item: sch.BindSections) -> None:
-        self.emit(f"const uint8_t* sec = p + hp::HEADER + 8 * {len(self.program.layout)};")
-        for k, (name, section) in enumerate(zip(item.names, self.program.layout, strict=True)):
-            ty = section.ty
-            n = self.safe(name)
-            self.emit(f"const uint8_t* s_{n} = sec;")
-            if ty.kind == "scalar":
-                t = self.ctype(ty.elem)
-                self.emit(f"const {t} {self.scalars[name]} = hp::get<{t}>(s_{n});")
-            elif ty.kind == "packed":
-                self.emit(f"const uint8_t* pk_{n} = s_{n};")
-            else:
-                t = self.ctype(ty.elem)
-                self.emit(f"auto a_{n} = {self.lam}(uint64_t i) -> {t} "
-                          f"{{ return hp::load<{t}>(s_{n}, i); }};")
-                if ty.elem == "f32" and ty.length is not None and ty.length.kind == "blocks":
-                    self.block_bytes[name] = f"s_{n}"
-            self.emit(f"sec += hp_pad8(sz[{k}]);")
 
     def item_scatterout(self, item: sch.ScatterOut) -> None:
         _, m, count, index_fn, value_fn = self.scatter_parts(item.call)
         self.emit(f"if (!hp::check_indices({count}, {m}, {index_fn}, err, errcap)) return 2;")
-        call = "finish_scatter(then, " if self.settles else "scatter_out("
+        call = "finish_scatter(then, " if self.options.settles else "scatter_out("
         self.emit(f"hp::{call}out, n, accumulate, scale, feedback, {count}, "
                   f"{index_fn}, {value_fn});")
 
-    # -- kernels and the whole source ---------------------------------------------------------
-    def body(self, kernel: sch.Kernel) -> list[str]:
-        self.lines, self.kernel_fn, self.keys_at = [], kernel.fn, 0
-        self.arrays = kernel.arrays
-        self.scalars = {name: ("((uint32_t)n)" if name == kernel.size_arg
-                               else f"v_{self.safe(name)}") for name in kernel.scalars}
-        self.streams = set()
-        for item in kernel.items:
+    # -- the kernel -----------------------------------------------------------------------------
+    def body(self) -> list[str]:
+        """The kernel's statements, one method per schedule item."""
+        for item in self.kernel.items:
             getattr(self, "item_" + type(item).__name__.lower())(item)
-        keys = [f"  const uint32_t key_{s} = hp_stream_key(seed, step, {s}u);"
-                for s in sorted(self.streams)]
-        return self.lines[:self.keys_at] + keys + self.lines[self.keys_at:]
+        return self.lines
 
-    def params(self) -> list[str]:
+    def param_lines(self) -> list[str]:
         out = []
         types = {p.name: p.ty.elem for p in self.program.params}
         for name, value in self.program.param_values:
@@ -490,22 +339,6 @@ class CRenderer(ExprRenderer):
             out.append(f"static const {self.ctype(elem)} p_{self.safe(name)} = "
                        f"{self.literal(value, elem)};")
         return out
-
-    def source(self, encode: sch.Kernel, decode: sch.Kernel) -> str:
-        """The program's source from its two scheduled kernels."""
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(_TEMPLATES)), keep_trailing_newline=True,
-            undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True,
-            lstrip_blocks=True,
-        )
-        return env.get_template(self.template).render(
-            name=self.program.name, algo_id=algorithm_id(self.program),
-            params=self.params(), encode=self.body(encode), decode=self.body(decode),
-        )
-
-
-#: loop ops that need no more than their own elements: they may run block by block
-_SPLIT = (sch.Store, sch.PackStore, sch.WriteOut, sch.TakeInputOp, sch.CheckInputOp)
 
 
 def _results(op: sch.LoopOp) -> list[tuple[str, str]]:
@@ -525,9 +358,7 @@ class CpuRenderer(CRenderer):
     template = "cpu_kernel.cpp.j2"
     lam = "[=]"
     options = sch.Options(direct_reductions=True, merged_extremes=True, fused_blocks=True,
-                          watch_in_loops=True)
-    stage_expands = True
-    settles = True
+                          watch_in_loops=True, staged_expands=True, settles=True)
 
     @staticmethod
     def signature(i: str, staged: bool) -> str:
@@ -542,6 +373,21 @@ class CudaRenderer(CRenderer):
     template = "cuda_kernel.cu.j2"
     lam = "[=] __device__"
     rint = "rintf"
+
+
+def render(program: ir.Program, encode: sch.Kernel, decode: sch.Kernel, target: str) -> str:
+    """The program's source for ``target`` from its two scheduled kernels."""
+    cls = renderer_for(target)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)), keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined, autoescape=False, trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    first = cls(program, encode)
+    return env.get_template(cls.template).render(
+        name=program.name, algo_id=algorithm_id(program), params=first.param_lines(),
+        encode=first.body(), decode=cls(program, decode).body(),
+    )
 
 
 def renderer_for(target: str) -> type[CRenderer]:

@@ -12,6 +12,7 @@ Every node is a frozen dataclass, as the IR's are: a scheduling step returns new
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from . import ir
@@ -21,9 +22,9 @@ from .ir import show
 __all__ = ["Options", "Extent", "ArrayInfo", "Kernel", "Item", "LoopOp", "Pass", "Scalar",
            "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce", "TakeInput",
            "EncodeInput", "PayloadSizes", "ScalarSection", "PackedSection", "CheckSections",
-           "BindSections", "ScatterOut", "Return", "Sum", "Extreme", "MinMax", "Store",
-           "PackStore", "TakeInputOp", "CheckInputOp", "WriteOut", "N", "extent_of", "shape",
-           "calls", "format_kernel"]
+           "BindSections", "ScatterOut", "StreamKeys", "Return", "Sum", "Extreme", "MinMax",
+           "Store", "PackStore", "TakeInputOp", "CheckInputOp", "WriteOut", "N", "extent_of",
+           "shape", "calls", "format_kernel"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class Options:
     fused_blocks: bool = False
     #: the non-finite flag of g may ride the loop of another op of its pass (``watch``)
     watch_in_loops: bool = False
+    #: a fused pass may stage ``expand``'s per-block values in L1 (``Pass.expand``) and
+    #: then run block by block (``Pass.by_block``)
+    staged_expands: bool = False
+    #: error feedback's residual update is deferred into the next encode: decode hands its
+    #: output pass to the caller (``Pass.settle``, ``hp::finish`` in cpu_runtime.h)
+    settles: bool = False
 
 
 # -- extents and arrays -------------------------------------------------------------------------
@@ -83,7 +90,7 @@ class ArrayInfo:
     buffer: bool = False  # a barrier's output, read from memory
 
 
-def extent_of(e: ir.Expr, arrays: dict[str, ArrayInfo]) -> Extent:
+def extent_of(e: ir.Expr, arrays: Mapping[str, ArrayInfo]) -> Extent:
     """The element count of an array-valued expression."""
     if isinstance(e, ir.Var):
         if e.name not in arrays:
@@ -212,6 +219,16 @@ class Pass:
     ops: tuple[LoopOp, ...]
     prologue: tuple[BlockReduce | Lazy, ...] = ()
     block: int = 0
+    #: packed arrays (name, bits) whose ``unpack`` the pass stages in L1, in slot order
+    stage: tuple[tuple[str, int], ...] = ()
+    #: one-value-per-block f32 arrays (name, block) whose ``expand`` it stages
+    expand: tuple[tuple[str, int], ...] = ()
+    #: lazy arrays that read staged expands: inlined where the pass's ops read them
+    inline: frozenset[str] = frozenset()
+    #: the pass runs block by block (its ops need no more than their own elements)
+    by_block: bool = False
+    #: decode's output pass, handed to the caller to run (``Options.settles``)
+    settle: bool = False
 
 
 @dataclass(frozen=True)
@@ -229,6 +246,8 @@ class Lazy:
     value: ir.Expr
     #: a per-block array filled by a later pass's prologue; here only allocated
     in_pass: bool = False
+    #: evaluated into a buffer here (a per-block array, read per element by ``expand``)
+    materialize: bool = False
 
 
 @dataclass(frozen=True)
@@ -336,13 +355,21 @@ class ScatterOut:
 
 
 @dataclass(frozen=True)
+class StreamKeys:
+    """The keys of the random streams the kernel draws from (from the header's seed and
+    step: decode's come after the payload is checked)."""
+
+    streams: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Return:
     pass
 
 
 Item = (Pass | Scalar | Lazy | Selection | Scatter | PackLet | BlockReduce | TakeInput
         | EncodeInput | PayloadSizes | ScalarSection | PackedSection | CheckSections
-        | BindSections | ScatterOut | Return)
+        | BindSections | ScatterOut | StreamKeys | Return)
 
 
 @dataclass(frozen=True)
@@ -352,8 +379,10 @@ class Kernel:
     fn: str  # "encode" or "decode"
     items: tuple[Item, ...]
     arrays: dict[str, ArrayInfo]
-    scalars: dict[str, str]  # name -> element type
+    scalars: dict[str, str]  # name -> element type (hoisted temporaries: ``%k``)
     size_arg: str = ""  # decode's n
+    #: f32 arrays of one value per block held in memory (``expand`` can stage them)
+    block_arrays: frozenset[str] = frozenset()
 
     def __str__(self) -> str:
         return format_kernel(self)
@@ -418,9 +447,16 @@ def _show_item(item: Item) -> list[str]:
                               if n)
             head = [f"pass over {item.extent}, each chunk first {names} of its blocks "
                     f"of {item.block}:"]
-        return head + [f"    {_show_op(op)}" for op in item.ops]
+        staged = [f"unpack {name} ({bits} bits)" for name, bits in item.stage]
+        staged += [f"expand {name} (blocks of {block})" for name, block in item.expand]
+        notes = [f"    (stages {', '.join(staged)})"] if staged else []
+        notes += ["    (runs block by block)"] if item.by_block else []
+        notes += ["    (run by the caller)"] if item.settle else []
+        return head + [f"    {_show_op(op)}" for op in item.ops] + notes
     if isinstance(item, (Scalar, Lazy)):
         later = " (in the pass below)" if isinstance(item, Lazy) and item.in_pass else ""
+        if isinstance(item, Lazy) and item.materialize and not item.in_pass:
+            later = " (into a buffer)"
         return [f"let {item.name} = {show(item.value)}{later}"]
     if isinstance(item, (Selection, PackLet, Scatter)):
         names = ", ".join(item.names) if isinstance(item, Selection) else item.name
@@ -452,6 +488,8 @@ def _show_item(item: Item) -> list[str]:
         return [f"sections {', '.join(item.names)}"]
     if isinstance(item, ScatterOut):
         return [f"out <- {show(item.call)}"]
+    if isinstance(item, StreamKeys):
+        return [f"random streams {', '.join(map(str, item.streams))}"]
     return ["return"]
 
 

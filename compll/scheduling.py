@@ -7,8 +7,12 @@ a float min and max of the same elements into one ``MinMax`` (``merge_block_extr
 does the same for block reductions); ``fuse_blockwise`` runs a block reduction in the
 prologue of the pass over its elements; and ``place_input`` puts the encoder's first read
 of ``g`` (error feedback's ``r += g`` and the payload's non-finite flag) before any
-other, as the first op of a pass over ``n`` where it can. The passes after ``fuse`` live
-in ``compll.passes``. Each step returns new (frozen) items and leaves its input as it was.
+other, as the first op of a pass over ``n`` where it can. Then ``compll.loops`` decides
+how the loops read: ``mark_outputs`` (buffers, the random streams' keys, decode's output
+pass), ``hoist_invariants`` (values the same for every element leave the loops) and
+``stage_passes`` (what a fused pass stages in L1, and whether it runs block by block).
+The passes after ``fuse`` live in ``compll.passes`` and ``compll.loops``. Each step
+returns new (frozen) items and leaves its input as it was; the renderer only prints.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from . import ir
 from .builtins import BUILTINS, Kind
 from .ir import FLOATS
+from .loops import block_arrays, hoist_invariants, mark_outputs, stage_passes
 from .passes import fuse_blockwise, merge_block_extremes, merge_extremes, place_input
 from .schedule import (
     ArrayInfo,
@@ -348,7 +353,11 @@ def schedule(lowered: ir.Program, options: Options) -> tuple[Kernel, Kernel]:
                                 cpu=options.watch_in_loops)
         else:
             size_arg = fn.args[1][0]
-        kernels.append(Kernel(fn.name, tuple(items), b.arrays, b.scalars, size_arg))
+        items = mark_outputs(items, fn.name, options.settles)
+        items = hoist_invariants(items, b.arrays, b.scalars, b.params)
+        blocks = block_arrays(items, b.arrays, lowered.layout)
+        items = stage_passes(items, b.arrays, blocks, options.staged_expands)
+        kernels.append(Kernel(fn.name, tuple(items), b.arrays, b.scalars, size_arg, blocks))
     return kernels[0], kernels[1]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from compll import load, load_source
 from compll import schedule as sch
+from compll.compiler import generate
 from compll.lower import lower
 from compll.render import CpuRenderer, CudaRenderer
 from compll.scheduling import schedule
@@ -20,7 +21,10 @@ def kernels(prog, renderer=CpuRenderer):
 
 
 def kinds(kernel):
-    return [type(item).__name__ for item in kernel.items]
+    """The items' kinds, without the random streams' keys and the loops' hoisted values
+    (``compll.loops``)."""
+    return [type(item).__name__ for item in kernel.items if not isinstance(item, sch.StreamKeys)
+            and not (isinstance(item, sch.Scalar) and item.name.startswith("%"))]
 
 
 def test_minmax8_reads_g_twice_and_adds_the_residual_in_the_first_pass():
@@ -165,3 +169,73 @@ def test_block_sizes_are_part_of_the_kernel():
     encode, _ = kernels(load("zeropp", bucket=100))
     (block,) = (item for item in encode.items if isinstance(item, sch.BlockReduce))
     assert (block.op, block.block) == ("max", 100) and block.key is not None
+
+
+# -- how the loops read (compll.loops): decided in the schedule, printed by the renderer --------
+
+def test_a_value_the_same_for_every_element_is_computed_once_before_its_loop():
+    encode, _ = kernels(load("cgx"))
+    (temp,) = (item for item in encode.items
+               if isinstance(item, sch.Scalar) and item.name.startswith("%"))
+    assert sch.ir.show(temp.value) == "i32(top)" and temp.elem == "i32"
+    (q,) = (item for item in encode.items if isinstance(item, sch.Lazy) and item.name == "q")
+    assert temp.name in sch.ir.show(q.value) and "i32(top)" not in sch.ir.show(q.value)
+    assert encode.items.index(temp) < encode.items.index(q)
+    assert encode.arrays["q"].value == q.value  # the pass that inlines q reads it too
+    source = generate(load("cgx"), "cpu")
+    assert source.count("hp_f2i32(v_top)") == 1  # once, not per element nor per pass
+
+
+def test_literal_only_values_are_folded_not_hoisted():
+    encode, _ = kernels(load("qsgd"))
+    assert not any(isinstance(item, sch.Scalar) and item.name.startswith("%")
+                   and "bits" in sch.ir.show(item.value) for item in encode.items)
+
+
+def test_a_cpu_decode_pass_stages_its_unpacks_and_expands_and_runs_block_by_block():
+    _, decode = kernels(load("qsgd"))
+    (out,) = (item for item in decode.items if isinstance(item, sch.Pass))
+    assert out.stage == (("codes", 8),) and out.expand == (("unit", 512),)
+    assert out.by_block and out.settle
+    assert decode.block_arrays == {"norms", "unit"}
+    _, gpu = kernels(load("qsgd"), CudaRenderer)
+    (out,) = (item for item in gpu.items if isinstance(item, sch.Pass))
+    assert out.stage == (("codes", 8),) and out.expand == () and not out.by_block
+    assert not out.settle
+
+
+def test_a_pass_stages_at_most_max_staged_arrays_and_reads_the_rest_in_place():
+    from compll.constants import MAX_STAGED
+
+    k = MAX_STAGED + 1
+    names = [f"p{j}" for j in range(k)]
+    lets = "\n".join(f"    let {p} = pack(map(g, x -> u32(x > {j}.0)), bits=1)"
+                     for j, p in enumerate(names))
+    packs = ", ".join(names)
+    args = " + ".join(f"f32(u{j})" for j in range(k))
+    params = ", ".join(f"u{j}" for j in range(k))
+    unpacks = ", ".join(f"unpack({p})" for p in names)
+    prog = load_source(
+        f"encode(g: f32[]) -> bytes:\n{lets}\n    return concat({packs})\n"
+        f"decode(p: bytes, n: u32) -> f32[n]:\n"
+        f"    let {', '.join(f'{p}: u1[n]' for p in names)} = extract(p)\n"
+        f"    return map({unpacks}, ({params}) -> {args})\n", "many.cll")
+    _, decode = kernels(prog)
+    (out,) = (item for item in decode.items if isinstance(item, sch.Pass))
+    assert [name for name, _ in out.stage] == names[:MAX_STAGED]
+    source = generate(prog, "cpu")
+    assert f"hp_unpack(pk_{names[-1]}, " in source and f"st.get({MAX_STAGED - 1}, " in source
+
+
+def test_random_stream_keys_come_first_in_encode_and_after_the_check_in_decode():
+    encode, decode = kernels(load("randomk"))
+    assert isinstance(encode.items[0], sch.StreamKeys) and encode.items[0].streams == (1,)
+    check = next(k for k, item in enumerate(decode.items) if isinstance(item, sch.CheckSections))
+    assert isinstance(decode.items[check + 1], sch.StreamKeys)
+    assert not any(isinstance(item, sch.StreamKeys) for item in kernels(load("onebit"))[0].items)
+
+
+def test_scheduling_a_program_twice_gives_equal_kernels():
+    lowered = lower(load("cgx"))
+    first = schedule(lowered, CpuRenderer.options)
+    assert schedule(lowered, CpuRenderer.options) == first
