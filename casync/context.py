@@ -74,13 +74,6 @@ class Context:
     def tag_of(self, slot: int) -> int:
         return (self.tag + slot) % tag_space
 
-    def rng_step(self, seg: Segment, role: str) -> int:
-        """A distinct RNG step per step, rank and encode site, so ranks round independently
-        (the same as ``encode`` computes for its rows)."""
-        site = zlib.crc32(repr((seg.key, role)).encode())
-        mix = (self.step * 0x9E3779B1 + self.rank * 0x85EBCA77) & 0xFFFFFFFF
-        return (site * 0xC2B2AE3D + mix) & 0xFFFFFFFF
-
     def scratch(self, site: Hashable, size: int, dtype: type, host: bool = False) -> Any:
         """A buffer that belongs to this chunk and site across steps (pages stay mapped),
         on the chunk's memory, or with ``host`` in host memory that copies to and from
@@ -95,10 +88,6 @@ class Context:
             new = memory.host_empty if host or isinstance(memory, HostMemory) else memory.empty
             buf = self.pool[key] = new(max(size, 1), dtype)
         return buf[:size]
-
-    def capacity(self, segs: list[Segment]) -> int:
-        assert self.codec is not None
-        return _LENGTH + sum(self.codec.max_payload_bytes(s.n) for s in segs)
 
     def residuals(self, segs: list[Segment], role: str) -> list[Any] | None:
         if self.feedback is None:
@@ -153,11 +142,9 @@ class Context:
         calls behind the same entry point, the reference target the two codec calls."""
         codec = self.codec
         assert codec is not None
-        if merge is not None and (codec.target == "ref" or not segs):
-            self.decode(merge, segs, True, None, merge_site)  # no segments: checks it is empty
+        if merge is not None and not segs:
+            self.decode(merge, segs, True, None, merge_site)  # checks that it is empty
             merge = None
-        if codec.target == "ref":
-            return self._encode_arrays(segs, role, site)
         payload = None
         if merge is not None:
             assert self.link is not None
@@ -191,9 +178,6 @@ class Context:
             payload = self.link.payloads(
                 message, lambda size: self.scratch(("unstaged", site), size, np.uint8))
         size = numel(payload)
-        if codec.target == "ref":
-            self._decode_arrays(payload, segs, accumulate, scale)
-            return
         if not segs:
             if size:
                 raise PayloadError(f"{size} bytes for no segments")
@@ -208,30 +192,3 @@ class Context:
                                cuda=self.memory.cuda,
                                scale_sum=accumulate and scale is not None)
 
-    def _encode_arrays(self, segs: list[Segment], role: str, site: Hashable) -> Message:
-        """``encode`` through the codec's array interface (the reference target, on the
-        host only)."""
-        assert self.codec is not None
-        if not isinstance(self.memory, HostMemory):
-            raise PayloadError("the reference codec (target='ref') runs on host memory only")
-        out = self.scratch(("payload", site), self.capacity(segs), np.uint8)
-        res = self.residuals(segs, role)
-        payload, _ = self.codec.encode_batch(
-            [s.view() for s in segs], out=out[_LENGTH:],
-            steps=[self.rng_step(s, role) for s in segs], residuals=res,
-            feedback=res is not None)
-        out[:_LENGTH].view(np.uint64)[0] = payload.size
-        return Message(out[:_LENGTH + payload.size], out[_LENGTH:_LENGTH + payload.size])
-
-    def _decode_arrays(self, payload: np.ndarray, segs: list[Segment], accumulate: bool,
-                       scale: float | None) -> None:
-        assert self.codec is not None
-        views = [s.view() for s in segs]
-        ns = [s.n for s in segs]
-        if accumulate and scale is not None:  # the mean of the whole sum
-            self.codec.decode_batch(payload, ns, views, accumulate=True)
-            for v in views:
-                np.multiply(v, np.float32(scale), out=v)
-        else:  # one pass: the decoded values, scaled
-            self.codec.decode_batch(payload, ns, views, accumulate=accumulate,
-                                    scale=1.0 if scale is None else scale)

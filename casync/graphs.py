@@ -108,9 +108,6 @@ def _poster(ctx: Context, out: _Out, tag: int) -> Callable[[], Handle]:
 
 def _capacity(ctx: Context, segs: list[Segment], name: str) -> int:
     """The worst-case bytes of a message for ``segs``: what a receiver posts."""
-    assert ctx.codec is not None
-    if ctx.codec.target == "ref":
-        return ctx.capacity(segs)
     return _LENGTH + ctx._rows("recv", name, segs, None).cap
 
 

@@ -12,11 +12,9 @@ from hipress.errors import ConfigError, PayloadError
 
 from .constants import FEEDBACK, MAX_ELEMENTS
 from .loaders import ENCODE_ITEM
-from .payload import framed_size
 
-__all__ = ["check_count", "is_torch", "is_cuda", "as_float32", "torch_module", "frame_all",
-           "numel", "ptr", "float_input", "encode_items", "byte_buffer", "check_buffer",
-           "as_payload"]
+__all__ = ["check_count", "is_torch", "is_cuda", "as_float32", "torch_module", "numel", "ptr",
+           "float_input", "encode_items", "byte_buffer", "check_buffer", "as_payload"]
 
 
 def check_count(n: int) -> None:
@@ -52,24 +50,6 @@ def torch_module() -> Any:
     import torch
 
     return torch
-
-
-def frame_all(buf: np.ndarray, count: int) -> list[int]:
-    """The sizes of the ``count`` payloads ``buf`` holds end to end, found from their
-    headers before anything is decoded (as the kernels do); a PayloadError names the
-    segment that does not frame, or says that bytes follow the last."""
-    sizes = []
-    pos = 0
-    for i in range(count):
-        try:
-            sizes.append(framed_size(buf[pos:]))
-        except PayloadError as exc:
-            raise PayloadError(f"segment {i} of {count}: {exc}") from None
-        pos += sizes[-1]
-    if pos != buf.size:
-        raise PayloadError(f"segment {max(count - 1, 0)} of {count}: {buf.size - pos} bytes "
-                           "follow the last segment's payload")
-    return sizes
 
 
 def numel(x: Any) -> int:

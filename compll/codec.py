@@ -10,7 +10,7 @@ import numpy as np
 
 from hipress.errors import ConfigError, PayloadError
 
-from . import compiler, interpreter
+from . import compiler
 from .buffers import (
     as_float32,
     as_payload,
@@ -18,7 +18,6 @@ from .buffers import (
     check_buffer,
     check_count,
     encode_items,
-    frame_all,
     is_cuda,
     is_torch,
     numel,
@@ -28,7 +27,6 @@ from .buffers import (
 from .constants import MAX_ELEMENTS, SCALE_SUM
 from .ir import Program
 from .loaders import DECODE_ITEM, load_kernel, payload_size_hint
-from .payload import nonfinite
 
 __all__ = ["Codec", "codec", "algorithms", "TARGETS", "MAX_ELEMENTS"]
 
@@ -65,7 +63,7 @@ class Codec:
         self.step = 0
         self._kernels: dict[str, Any] = {}
         self._caps: dict[int, int] = {}
-        if target in ("cpu", "cuda", "cuda-emu"):
+        if target != "auto":
             self._kernel(target)  # build now, so a broken toolchain fails at construction
 
     def _kernel(self, target: str) -> Any:
@@ -130,8 +128,7 @@ class Codec:
             step: the RNG step; by default the codec's own counter, which then advances.
             out: an optional uint8 buffer (array, or CUDA tensor for CUDA input) to write
                 the payload into when it fits, so a caller can reuse one buffer per tensor;
-                the payload returned is then a view of its first bytes. Ignored by
-                target ``"ref"``.
+                the payload returned is then a view of its first bytes.
             residual: error feedback's residual, a contiguous float32 array (CUDA tensor
                 for CUDA input) of x's size: ``x`` is added into it in place
                 (``residual += x``, in the kernel) and the payload is that of the sum.
@@ -156,12 +153,6 @@ class Codec:
         data = as_float32(x, "the gradient")
         backend = self._backend(on_gpu=False)
         res = None if residual is None else check_buffer(residual, data.size, "residual=")
-        if backend == "ref":
-            if res is not None:
-                with np.errstate(invalid="ignore", over="ignore"):
-                    np.add(res, data, out=res)
-                data = res
-            return interpreter.encode(self.program, data, self.seed, step)
         into = None
         if out is not None:
             into = out.numpy() if is_torch(out) else out
@@ -210,9 +201,6 @@ class Codec:
         buf = as_payload(payload)
         backend = self._backend(on_gpu=False)
         dest = None if out is None else check_buffer(out, n, "out=")
-        if backend == "ref":
-            values = self._decode_ref(buf, n, dest, accumulate, scale, feedback)
-            return values if dest is None else out
         if dest is None:
             dest = np.empty(n, dtype=np.float32)
             out = dest
@@ -220,26 +208,6 @@ class Codec:
                                      feedback)
         return out
 
-
-    def _decode_ref(self, buf: np.ndarray, n: int, dest: np.ndarray | None, accumulate: bool,
-                    scale: float, feedback: bool) -> np.ndarray:
-        """``decode`` on the reference interpreter, into ``dest`` where given, with the
-        kernels' bits: a flagged payload writes NaN, feedback zeroes non-finite sums."""
-        values = interpreter.decode(self.program, buf, n)
-        with np.errstate(invalid="ignore", over="ignore"):  # as quiet as the kernels
-            if scale != 1.0:
-                values = values * np.float32(scale)
-            if dest is None:
-                return values
-            if nonfinite(buf) and not feedback:
-                dest[...] = np.nan  # the kernels write NaN, not out + NaN: same bits
-            elif accumulate or feedback:
-                dest += values
-            else:
-                dest[...] = values
-            if feedback:
-                dest[~np.isfinite(dest)] = 0.0
-        return dest
 
     def _steps(self, count: int, steps: Any) -> list[int]:
         if steps is None:
@@ -298,8 +266,6 @@ class Codec:
             xs = [check_buffer(x, numel(x), "xs= (a merge's target)", cuda) for x in xs]
             if len(xs) == 0 and numel(merge):
                 raise PayloadError(f"{numel(merge)} bytes for no segments")
-        if backend == "ref":
-            return self._encode_batch_ref(xs, out, steps_, res, feedback, merge)
         buf = byte_buffer(out, sum(caps), xs[0] if cuda else None)
         items = encode_items(xs, res, caps, steps_, ptr(buf), feedback, cuda)
         kernel = self._kernel(backend)
@@ -309,25 +275,6 @@ class Codec:
             msg = merge.reshape(-1) if cuda else as_payload(merge)
             total = kernel.merge_encode_batch(items, self.seed, msg, buf)
         return buf[:total], [int(v) for v in items["size"]]
-
-    def _encode_batch_ref(self, xs: Sequence[Any], out: Any, steps: Sequence[int],
-                          res: list[Any], feedback: bool, merge: Any
-                          ) -> tuple[Any, list[int]]:
-        """``encode_batch`` on the reference interpreter, segment by segment."""
-        if merge is not None:
-            self.decode_batch(merge, [x.size for x in xs], xs, accumulate=True)
-        payloads = []
-        for x, r, step in zip(xs, res, steps, strict=True):
-            p = self.encode(x, step=step, residual=r)
-            if feedback and r is not None:
-                self.decode(p, r.size, out=r, scale=-1.0, feedback=True)
-            payloads.append(np.asarray(p))
-        joined = np.concatenate(payloads) if payloads else np.empty(0, np.uint8)
-        if out is not None:
-            into = out.numpy() if is_torch(out) else out
-            into.reshape(-1)[:joined.size] = joined
-            return into.reshape(-1)[:joined.size], [p.size for p in payloads]
-        return joined, [p.size for p in payloads]
 
     def decode_batch(self, payload: Any, ns: Sequence[int], outs: Sequence[Any] | None = None,
                      accumulate: bool = False, scale: float = 1.0,
@@ -369,9 +316,6 @@ class Codec:
         outs = list(outs)
         if len(outs) != count:
             raise ConfigError(f"{count} segments but {len(outs)} outputs")
-        if backend == "ref":
-            self._decode_batch_ref(as_payload(payload), ns, outs, accumulate, scale, feedback)
-            return outs
         buf: Any = payload.reshape(-1) if cuda else as_payload(payload)
         nbytes = numel(buf)
         items = np.zeros(count, DECODE_ITEM)
@@ -404,10 +348,7 @@ class Codec:
         Returns:
             The payloads' total bytes, end to end from the first item's ``out``.
         """
-        backend = self._backend(on_gpu=is_cuda(out))
-        if backend == "ref":
-            raise ConfigError("encode_items runs kernels; target 'ref' takes encode_batch")
-        kernel = self._kernel(backend)
+        kernel = self._kernel(self._backend(on_gpu=is_cuda(out)))
         if merge is None:
             return int(kernel.encode_batch(items, self.seed, out))
         msg = merge.reshape(-1) if is_cuda(merge) else as_payload(merge)
@@ -421,26 +362,8 @@ class Codec:
         are set. ``scale_sum``: add the decoded values, then multiply the sum by
         ``scale`` (an average of a sum). Raises PayloadError naming the bad segment."""
         backend = self._backend(on_gpu=cuda)
-        if backend == "ref":
-            raise ConfigError("decode_items runs kernels; target 'ref' takes decode_batch")
         mode = SCALE_SUM if scale_sum else int(accumulate)
         self._kernel(backend).decode_batch(items, mode, float(np.float32(scale)), feedback)
-
-    def _decode_batch_ref(self, buf: np.ndarray, ns: list[int], outs: list[Any],
-                          accumulate: bool, scale: float, feedback: bool) -> None:
-        # As the kernels do: a bad segment keeps its output and the others still decode;
-        # the first bad one is reported.
-        pos = 0
-        first: PayloadError | None = None
-        for i, (n, o, size) in enumerate(zip(ns, outs, frame_all(buf, len(ns)), strict=True)):
-            try:
-                self.decode(buf[pos:pos + size], n, out=o, accumulate=accumulate, scale=scale,
-                            feedback=feedback)
-            except PayloadError as exc:
-                first = first or PayloadError(f"segment {i} of {len(ns)}: {exc}")
-            pos += size
-        if first is not None:
-            raise first
 
 
 def codec(name_or_path: str | os.PathLike[str], target: str = "auto", seed: int = 0,

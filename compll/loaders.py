@@ -43,6 +43,7 @@ from . import ir
 from .build import Artifact, build
 from .constants import FEEDBACK, SCALE_SUM
 from .payload import algorithm_id, fixed_count, header_size, size_rule
+from .reference import RefKernel
 
 __all__ = ["Kernel", "CpuKernel", "CudaKernel", "EmuKernel", "load_kernel", "payload_size_hint",
            "ENCODE_ITEM", "DECODE_ITEM", "FEEDBACK", "SCALE_SUM"]
@@ -321,8 +322,11 @@ class EmuKernel(CpuKernel):
     target = "cuda-emu"
 
 
-def load_kernel(program: ir.Program, target: str) -> Kernel:
-    """Build (or fetch from the cache) and load ``program`` for ``target``."""
+def load_kernel(program: ir.Program, target: str) -> Kernel | RefKernel:
+    """Build (or fetch from the cache) and load ``program`` for ``target``; ``"ref"`` is
+    the reference interpreter behind the same interface (nothing to build)."""
+    if target == "ref":
+        return RefKernel(program)
     artifact = build(program, target)
     kinds = {"cpu": CpuKernel, "cuda": CudaKernel, "cuda-emu": EmuKernel}
     return kinds[target](program, artifact)

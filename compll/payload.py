@@ -41,7 +41,7 @@ from .typing_rules import ITEMSIZE
 
 __all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "NONFINITE", "Header", "SizeRule", "algorithm_id",
            "build", "nonfinite", "parse", "header_size", "section_count", "framed_size",
-           "fixed_count", "size_rule"]
+           "fixed_count", "size_rule", "frame_all"]
 
 _HEAD = struct.Struct("<2sBBIIIII")
 
@@ -236,3 +236,21 @@ def parse(program: Program, payload: np.ndarray, n: int) -> tuple[Header, list[n
         sections.append(buf[offset:offset + size])
         offset += _pad(size)
     return Header(algo, count, seed, step, tuple(sizes), flags), sections, counts
+
+
+def frame_all(buf: np.ndarray, count: int) -> list[int]:
+    """The sizes of the ``count`` payloads ``buf`` holds end to end, found from their
+    headers before anything is decoded (as the kernels do); a PayloadError names the
+    segment that does not frame, or says that bytes follow the last."""
+    sizes = []
+    pos = 0
+    for i in range(count):
+        try:
+            sizes.append(framed_size(buf[pos:]))
+        except PayloadError as exc:
+            raise PayloadError(f"segment {i} of {count}: {exc}") from None
+        pos += sizes[-1]
+    if pos != buf.size:
+        raise PayloadError(f"segment {max(count - 1, 0)} of {count}: {buf.size - pos} bytes "
+                           "follow the last segment's payload")
+    return sizes

@@ -617,3 +617,25 @@ def test_engine_state_is_taken_between_steps():
         sync.state_dict()
     sync.steps.names.clear()
     sync.close()
+
+
+def _arrays(tmp_path, scenario, name, args):
+    results = ranks.launch(2, scenario, tmp_path / name, args)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    return [r["arrays"] for r in results]
+
+
+@pytest.mark.parallel
+def test_the_engine_on_the_reference_interpreter_gives_the_kernels_bits(tmp_path):
+    """The NumPy interpreter runs behind the kernels' interface (``compll.reference``), so
+    every topology's graphs drive it unchanged: same bits as the CPU kernels, with error
+    feedback (updated at once there, deferred by the CPU kernels) over 6 steps."""
+    for scenario, args in (("strategies", {"algos": ["onebit", "dgc", "cgx"]}),
+                           ("feedback", {"algo": "onebit", "topology": "ring", "steps": 6})):
+        host = _arrays(tmp_path, scenario, f"{scenario}-cpu", args)
+        ref = _arrays(tmp_path, scenario, f"{scenario}-ref", {**args, "target": "ref"})
+        for h, e in zip(host, ref, strict=True):
+            assert sorted(h) == sorted(e) and len(h) > 1
+            for key in h:
+                assert h[key].tobytes() == e[key].tobytes(), (scenario, key)
