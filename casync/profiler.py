@@ -26,11 +26,9 @@ from compll.build import cache_dir
 from hipress._version import __version__
 
 from . import primitives as P
-from .baselines import naive_step
 from .costmodel import CostModel, Linear, payload_bytes
+from .engine_costs import engine_costs
 from .feedback import ErrorFeedback
-from .plan import COMPRESSED, StaticPlanner
-from .simulate import Gradient, simulate
 from .transport import Transport
 
 __all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
@@ -40,15 +38,6 @@ ELEMENTS = tuple(4 ** k for k in range(5, 12))       # 1,024 .. 4,194,304
 #: message sizes swept for point-to-point sends: up to the engine's largest (a 4 MiB
 #: partition); on shaped links a 16 MiB burst overflows the queue and runs at half rate
 BYTES = tuple(4 ** k for k in range(5, 12))          # 1 KiB .. 4 MiB
-
-
-def _max_over_ranks(transport: Transport, values: list[float]) -> list[float]:
-    import torch
-
-    t = torch.tensor(values, dtype=torch.float64)
-    if transport.size > 1:
-        transport.dist.all_reduce(t, op=transport.dist.ReduceOp.MAX, group=transport.group)
-    return [float(v) for v in t]
 
 
 #: each timed repetition of a small size runs back to back for about this long
@@ -94,7 +83,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
         run(size)
         t0 = time.perf_counter()
         run(size)
-        first = _max_over_ranks(transport, [time.perf_counter() - t0])[0]
+        first = transport.max_over_ranks([time.perf_counter() - t0])[0]
         batch = int(min(max(seconds // max(first, 1e-9), 1), most))
         count = max(reps, min(4 * reps, math.ceil(SAMPLE_SECONDS / max(batch * first, 1e-9))))
         times = []
@@ -106,7 +95,7 @@ def _sweep(transport: Transport, sizes: tuple[int, ...], reps: int,
                 run(size)
             times.append((time.perf_counter() - t0) / batch)
         means.append(_typical_mean(times))
-    return Linear.fit(sizes, _max_over_ranks(transport, means), fixed)
+    return Linear.fit(sizes, transport.max_over_ranks(means), fixed)
 
 
 #: the primitives a profile holds; a cached profile of another format is measured again
@@ -176,118 +165,6 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
 
         costs[f"fuse/{algo}"] = _sweep(transport, elements, reps, fuse)
     return costs
-
-
-def _engine_steps(transport: Transport, engine: type, planner: Any, algorithm: str,
-                  chunk_elems: int, count: int, size: int, reps: int) -> float:
-    """The median time of ``engine`` steps of ``count`` tensors of ``size`` floats."""
-    import torch
-
-    sync = engine(algorithm, planner=planner, group=transport.group, transport=transport,
-                  timeout=600, chunk_elems=chunk_elems)
-    rng = np.random.default_rng(transport.rank)
-    tensors = [torch.from_numpy((rng.standard_normal(size) * 1e-3).astype(np.float32))
-               for _ in range(count)]
-
-    def step() -> None:
-        for i, t in enumerate(tensors):
-            sync.submit(f"g{i}", t)
-        sync.synchronize()
-
-    try:
-        step()
-        times = []
-        for _ in range(reps):
-            transport.dist.barrier(group=transport.group)
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-    finally:
-        sync.close()
-    return statistics.median(times)
-
-
-def _engine_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
-                     topology: str, reps: int) -> tuple[Linear, Linear]:
-    """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``'s
-    a) and per segment (``tensor/TOPOLOGY``).
-
-    Real Synchronizer steps of tiny tensors are timed for two counts, each tensor in a
-    chunk of its own (the slope per chunk) and all of them in one chunk (per segment);
-    each slope beyond what the primitives predict for the same steps is the overhead."""
-    algorithm = "none" if topology == "none" else algo
-    planner = _flat_planner(algorithm, topology)
-    tiny = 256
-
-    def slope(shapes: list[tuple[int, int, int]]) -> float:
-        measured = _max_over_ranks(transport, [
-            _engine_steps(transport, engine, planner, algorithm, ce, n, size, reps)
-            for n, size, ce in shapes])
-        predicted = [_predict_steps(model, transport.size, planner, n, size, ce)
-                     for n, size, ce in shapes]
-        per = shapes[1][0] - shapes[0][0]
-        return ((measured[1] - measured[0]) - (predicted[1] - predicted[0])) / per
-
-    per_tensor = max(slope([(16, tiny, 1 << 30), (64, tiny, 1 << 30)]), 0.0)
-    per_chunk = max(slope([(16, tiny, tiny), (64, tiny, tiny)]) - per_tensor, 0.0)
-    return Linear(per_chunk, 0.0), Linear(per_tensor, 0.0)
-
-
-#: the bulk steps that price the engine's cost per element: eight tensors in two chunks
-_BULK = (8, 1 << 22)
-
-
-def _bulk_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
-                   topology: str, reps: int) -> Linear:
-    """What the engine adds per element of a large step beyond its primitives
-    (``bulk/ALGO/TOPOLOGY``): the threads that share the cores with the kernels, and the
-    waits between ranks. Steps of eight 4M-float tensors in two chunks, measured against
-    what the model (with the per-chunk and per-segment costs above) predicts for them."""
-    algorithm = "none" if topology == "none" else algo
-    planner = _flat_planner(algorithm, topology)
-    count, size = _BULK
-    measured = _max_over_ranks(transport, [_engine_steps(transport, engine, planner,
-                                                         algorithm, 4 * size, count, size,
-                                                         reps)])[0]
-    predicted = _predict_steps(model, transport.size, planner, count, size, 4 * size)
-    return Linear(0.0, max(measured - predicted, 0.0) / (count * size))
-
-
-def _flat_planner(algorithm: str, topology: str) -> Any:
-    return StaticPlanner(algorithm, topology if topology != "none" else "ps", min_compress=0,
-                         partition_bytes=1 << 40)
-
-
-def _predict_steps(model: CostModel, world: int, planner: Any, count: int, size: int,
-                   chunk_elems: int) -> float:
-    return simulate(model, world, [Gradient(f"g{i}", size) for i in range(count)], "casync",
-                    planner=planner, chunk_elems=chunk_elems).end
-
-
-def _naive_overhead(transport: Transport, model: CostModel, algo: str, reps: int) -> Linear:
-    """The naive baseline's cost per tensor beyond the primitives it calls (its Python,
-    its allocations, the waits for the slowest rank at every collective): steps of T tiny
-    tensors timed for two T, the slope beyond what the model predicts for them."""
-    import torch
-
-    codec = make_codec(algo)
-    counts, size = (16, 64), 256
-    measured = []
-    for count in counts:
-        tensors = [torch.ones(size) for _ in range(count)]
-        naive_step(transport.dist, codec, tensors, transport.group)
-        times = []
-        for _ in range(reps):
-            transport.dist.barrier(group=transport.group)
-            t0 = time.perf_counter()
-            naive_step(transport.dist, codec, tensors, transport.group)
-            times.append(time.perf_counter() - t0)
-        measured.append(statistics.median(times))
-    measured = _max_over_ranks(transport, measured)
-    predicted = [simulate(model, transport.size, [Gradient(f"g{i}", size) for i in range(n)],
-                          "naive", algorithm=algo).end for n in counts]
-    slope = ((measured[1] - measured[0]) - (predicted[1] - predicted[0])) / (counts[1] - counts[0])
-    return Linear(max(slope, 0.0), 0.0)
 
 
 #: floats merged before each timed exchange (see ``_exchange``)
@@ -372,7 +249,7 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
             kinds[k]()
             row[k] = time.perf_counter() - t0
         times += row
-    slowest = _max_over_ranks(transport, times)
+    slowest = transport.max_over_ranks(times)
     estimates = [(m + s - b) / max(min(m, s), 1e-9)
                  for m, s, b in zip(slowest[3::3], slowest[4::3], slowest[5::3], strict=True)]
     return max(0.0, min(1.0, statistics.median(estimates)))
@@ -421,7 +298,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     overlap = 1.0
     if transport.size > 1:
         overlap = _wire_costs(transport, costs, x, acc, elements, message_bytes, reps, say)
-        _engine_costs(transport, engine, costs, overlap, algorithms, reps, say)
+        engine_costs(transport, engine, costs, overlap, algorithms, reps, say)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
@@ -466,32 +343,6 @@ def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _
     overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
     say(f"compute/communication overlap: {overlap:.2f}")
     return overlap
-
-
-def _engine_costs(transport: Transport, engine: type, costs: dict[str, Linear],
-                  overlap: float, algorithms: tuple[str, ...], reps: int,
-                  say: Callable[[str], Any]) -> None:
-    """Fit the engine's own costs beyond its primitives into ``costs``: the naive
-    baseline's per tensor, per chunk graph and segment, and per element of bulk steps."""
-    model = CostModel(transport.size, dict(costs), 1, {}, overlap)
-    if algorithms:
-        costs["naive"] = _naive_overhead(transport, model, algorithms[0], reps)
-        say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
-    for topo in ("none", *COMPRESSED) if algorithms else ("none",):
-        costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
-            transport, engine, model, algorithms[0] if algorithms else "none", topo, reps)
-        say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
-            f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
-    model = CostModel(transport.size, dict(costs), 1, {}, overlap)
-    for algo in algorithms:
-        for topo in COMPRESSED:
-            key = f"bulk/{algo}/{topo}"
-            costs[key] = _bulk_overhead(transport, engine, model, algo, topo, reps)
-            say(f"engine overhead of {algo} {topo} per element: "
-                f"{costs[key].b * 1e9:.2f} ns")
-    if algorithms:
-        costs["bulk/none"] = _bulk_overhead(transport, engine, model, algorithms[0], "none",
-                                            reps)
 
 
 def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:

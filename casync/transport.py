@@ -210,6 +210,16 @@ class Transport:
         self.collectives += 1
         return self.dist.all_reduce(data, group=self.group, async_op=True)
 
+    def max_over_ranks(self, values: list[float]) -> list[float]:
+        """Each value's maximum over the group's ranks (a blocking collective): what the
+        slowest rank measured, as every rank waits for it."""
+        import torch
+
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.size > 1:
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        return [float(v) for v in t]
+
     def wait(self, handle: Handle, timeout: float) -> None:
         """Block until ``handle`` completes; raises the backend's error on failure."""
         deadline = time.monotonic() + timeout
