@@ -350,7 +350,7 @@ def worker(args: argparse.Namespace) -> int:
         from casync.profiler import measure
         from casync.transport import Transport
 
-        cost = measure(Transport(), tuple(args.algorithms), engine=Synchronizer)
+        cost = measure(Transport(), tuple(args.algorithms), steps=Synchronizer.time_steps)
         result["cost_model"] = cost.to_json()
         say("profiled the primitives on these ranks")
     for algo in args.algorithms:

@@ -1,9 +1,10 @@
 """The cost model: each primitive costs t(x) = a + b·x, fitted from measurements.
 
-A ``CostModel`` holds one ``Linear`` per primitive (keys below), the world it was
-measured on and where. The profiler (``casync.profiler``) fills it on a real group;
-``CostModel.cluster`` builds one for a hypothetical cluster from stated hardware
-figures. The planner and the simulator read nothing else.
+A ``CostModel`` holds one ``Linear`` per primitive, keyed by ``Cost.KIND.key(...)``
+(the strings below, as profiles are cached), the world it was measured on and where.
+The profiler (``casync.profiler``) fills it on a real group; ``CostModel.cluster``
+builds one for a hypothetical cluster from stated hardware figures. The planner and
+the simulator read nothing else.
 
 Keys: ``send`` (seconds per message of x bytes between two ranks while every rank
 sends), ``allreduce`` (seconds for x float32 elements over the measured world),
@@ -17,13 +18,16 @@ the CPU kernels run them; without it they cost ``accumulate`` plus ``encode``),
 ``bytes/ALGO`` (payload bytes for x elements), ``graph/TOPOLOGY`` and ``tensor/TOPOLOGY``
 (the engine's own cost per chunk graph and per segment in it, beyond its primitives:
 building the graph, dispatching its tasks, submitting the tensors) and, for several
-GPUs per node, ``intra`` (seconds per byte moved within a node).
+GPUs per node, ``intra`` (seconds per byte moved within a node); the engine's own cost
+per element of big steps, ``bulk/ALGO/TOPOLOGY``; the naive baseline's per tensor,
+``naive``; and in cluster models, ``flops`` (PowerSGD's GEMMs).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,7 @@ import numpy as np
 from compll import codec as make_codec
 from hipress.errors import ConfigError
 
-__all__ = ["Linear", "CostModel", "payload_bytes"]
+__all__ = ["Cost", "Linear", "CostModel", "payload_bytes"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,32 @@ class Linear:
                    float(d.get("floor", 0.0)), points)
 
 
+class Cost(StrEnum):
+    """What an entry of a cost profile prices. ``key`` names the entry as profiles are
+    cached: the kind, then the algorithm and/or topology it is for (``encode/onebit``,
+    ``graph/ring``, ``bulk/dgc/ps``, ``send``)."""
+
+    ENCODE = "encode"  # per algorithm: with error feedback's residual
+    PLAIN = "plain"  # per algorithm: without one (the naive baseline's)
+    DECODE = "decode"
+    ACCUMULATE = "accumulate"  # decode into a sum
+    FUSE = "fuse"  # an aggregator's last merge and its re-encode, in one call
+    BYTES = "bytes"  # payload bytes per element count
+    MERGE = "merge"  # an uncompressed add
+    SEND = "send"  # a point-to-point message, by bytes
+    INTRA = "intra"  # bytes moved inside a node of several GPUs
+    FLOPS = "flops"  # fp32 GEMM work (PowerSGD's), by floating-point operations
+    EXCHANGE = "exchange"  # the all-gather of payload sizes, then of payloads
+    ALLREDUCE = "allreduce"  # Gloo's, by elements
+    NAIVE = "naive"  # the naive baseline's own cost per tensor
+    GRAPH = "graph"  # per topology: the engine's own cost per chunk graph
+    TENSOR = "tensor"  # per topology: per segment
+    BULK = "bulk"  # per algorithm and topology (or ``none``): per element of big steps
+
+    def key(self, *parts: object) -> str:
+        return "/".join((self.value, *map(str, parts)))
+
+
 @dataclass
 class CostModel:
     """Fitted primitive costs for one kind of host and network.
@@ -128,47 +158,50 @@ class CostModel:
         try:
             return self.costs[key]
         except KeyError:
-            have = sorted(k.split("/", 1)[1] for k in self.costs if k.startswith("encode/"))
+            have = self.algorithms
             raise ConfigError(f"the cost model has no {key!r}; it was profiled for "
                               f"{', '.join(have) or 'no algorithms'} — profile again "
                               "with that algorithm (hipress profile --algorithms ...)") from None
 
     @property
     def algorithms(self) -> list[str]:
-        return sorted(k.split("/", 1)[1] for k in self.costs if k.startswith("encode/"))
+        return sorted(k.split("/", 1)[1] for k in self.costs
+                      if k.startswith(Cost.ENCODE.key("")))
 
     def encode(self, algo: str, n: float) -> float:
-        return self._get(f"encode/{algo}")(n)
+        return self._get(Cost.ENCODE.key(algo))(n)
 
     def plain_encode(self, algo: str, n: float) -> float:
         """An encode without error feedback (the naive baseline's); a profile that timed
         ``encode/ALGO`` without residuals, or has no ``plain/ALGO``, prices it so."""
-        key = f"plain/{algo}" if f"plain/{algo}" in self.costs else f"encode/{algo}"
+        key = Cost.PLAIN.key(algo) if Cost.PLAIN.key(algo) in self.costs else Cost.ENCODE.key(algo)
         return self._get(key)(n)
 
     def decode(self, algo: str, n: float) -> float:
-        return self._get(f"decode/{algo}")(n)
+        return self._get(Cost.DECODE.key(algo))(n)
 
     def accumulate(self, algo: str, n: float) -> float:
         """Decode-and-merge; a profile without it prices it as a decode."""
-        key = f"accumulate/{algo}" if f"accumulate/{algo}" in self.costs else f"decode/{algo}"
+        key = Cost.ACCUMULATE.key(algo)
+        if key not in self.costs:
+            key = Cost.DECODE.key(algo)
         return self._get(key)(n)
 
     def nbytes(self, algo: str, n: float) -> float:
-        return self._get(f"bytes/{algo}")(n)
+        return self._get(Cost.BYTES.key(algo))(n)
 
     def send(self, nbytes: float) -> float:
-        return self._get("send")(nbytes)
+        return self._get(Cost.SEND.key())(nbytes)
 
     def wire(self, nbytes: float) -> tuple[float, float]:
         """A message's ``send`` time split into the link's time for its bytes (b·x) and
         the fixed rest (latency, per-message work), which overlaps other messages."""
         total = self.send(nbytes)
-        busy = min(self._get("send").b * nbytes, total)
+        busy = min(self._get(Cost.SEND.key()).b * nbytes, total)
         return busy, total - busy
 
     def merge(self, n: float) -> float:
-        return self._get("merge")(n)
+        return self._get(Cost.MERGE.key())(n)
 
     def allreduce(self, n: float, world: int, fixed: bool = True) -> float:
         """Uncompressed allreduce of n floats: measured when the world matches, else a
@@ -176,10 +209,10 @@ class CostModel:
         adds (what one more tensor adds to a chunk)."""
         if world <= 1:
             return 0.0
-        if world == self.world and "allreduce" in self.costs:
-            fit = self.costs["allreduce"]
+        if world == self.world and Cost.ALLREDUCE.key() in self.costs:
+            fit = self.costs[Cost.ALLREDUCE.key()]
             return fit(n) if fixed else fit.b * n
-        send, merge = self._get("send"), self._get("merge")
+        send, merge = self._get(Cost.SEND.key()), self._get(Cost.MERGE.key())
         if not fixed:
             return 2 * (world - 1) * send.b * 4 * n / world + (world - 1) * merge.b * n / world
         return 2 * (world - 1) * (send.a + send.b * 4 * n / world) \
@@ -191,15 +224,15 @@ class CostModel:
         world matches, else two tiny allreduces' latency plus the bytes of every peer."""
         if world <= 1:
             return 0.0
-        if world == self.world and "exchange" in self.costs:
-            return self.costs["exchange"](nbytes)
+        if world == self.world and Cost.EXCHANGE.key() in self.costs:
+            return self.costs[Cost.EXCHANGE.key()](nbytes)
         return 2 * self.allreduce(1, world) + (world - 1) * self.wire(nbytes)[0]
 
     def intra(self, nbytes: float) -> float:
         """Moving ``nbytes`` in a reduce-scatter or allgather inside a node of ``gpus``."""
         if self.gpus <= 1:
             return 0.0
-        return self._get("intra")((self.gpus - 1) / self.gpus * nbytes)
+        return self._get(Cost.INTRA.key())((self.gpus - 1) / self.gpus * nbytes)
 
     @property
     def digest(self) -> str:
@@ -266,17 +299,18 @@ class CostModel:
         """
         gbps = 150e9 / 4   # elements per second
         costs = {
-            "send": Linear(25e-6, 1.0 / (0.9 * bandwidth_bps / 8)),
-            "merge": Linear(5e-6, 12 / 900e9),  # read two floats, write one
-            "intra": Linear(10e-6, 1.0 / intra_Bps),
-            "flops": Linear(10e-6, 1.0 / 10e12),  # fp32 GEMMs at 10 of 15.7 peak TFLOP/s
+            Cost.SEND.key(): Linear(25e-6, 1.0 / (0.9 * bandwidth_bps / 8)),
+            Cost.MERGE.key(): Linear(5e-6, 12 / 900e9),  # read two floats, write one
+            Cost.INTRA.key(): Linear(10e-6, 1.0 / intra_Bps),
+            # fp32 GEMMs at 10 of 15.7 peak TFLOP/s
+            Cost.FLOPS.key(): Linear(10e-6, 1.0 / 10e12),
         }
         for algo in algorithms:
             slow = algo in ("dgc", "graddrop", "topk")
-            costs[f"encode/{algo}"] = Linear(15e-6, 1.0 / (gbps / 5 if slow else gbps))
-            costs[f"decode/{algo}"] = Linear(15e-6, 1.0 / gbps)
-            costs[f"accumulate/{algo}"] = Linear(15e-6, 1.0 / gbps)
-            costs[f"bytes/{algo}"] = payload_bytes(algo)
+            costs[Cost.ENCODE.key(algo)] = Linear(15e-6, 1.0 / (gbps / 5 if slow else gbps))
+            costs[Cost.DECODE.key(algo)] = Linear(15e-6, 1.0 / gbps)
+            costs[Cost.ACCUMULATE.key(algo)] = Linear(15e-6, 1.0 / gbps)
+            costs[Cost.BYTES.key(algo)] = payload_bytes(algo)
         return cls(nodes, costs, gpus, {"kind": "cluster", "nodes": nodes, "gpus": gpus,
                                         "bandwidth_bps": bandwidth_bps})
 

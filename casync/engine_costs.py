@@ -1,6 +1,7 @@
-"""The engine's own costs beyond its primitives, for the cost model: Synchronizer steps
-timed against what the model of their primitives predicts (per chunk graph, per segment,
-per element of bulk steps), and the naive baseline's per tensor. ``casync.profiler``
+"""The engine's own costs beyond its primitives, for the cost model: the engine's steps,
+timed by the engine itself (``casync.plan.StepTimer``, ``Synchronizer.time_steps``),
+against what the model of their primitives predicts (per chunk graph, per segment, per
+element of bulk steps), and the naive baseline's per tensor. ``casync.profiler``
 measures the primitives and calls ``engine_costs`` last."""
 
 from __future__ import annotations
@@ -10,49 +11,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from compll import codec as make_codec
 
 from .baselines import naive_step
-from .costmodel import CostModel, Linear
-from .plan import COMPRESSED, StaticPlanner
+from .costmodel import Cost, CostModel, Linear
+from .plan import COMPRESSED, StaticPlanner, StepTimer
 from .simulate import Gradient, simulate
 from .transport import Transport
 
 __all__ = ["engine_costs"]
 
 
-def _engine_steps(transport: Transport, engine: type, planner: Any, algorithm: str,
-                  chunk_elems: int, count: int, size: int, reps: int) -> float:
-    """The median time of ``engine`` steps of ``count`` tensors of ``size`` floats."""
-    import torch
-
-    sync = engine(algorithm, planner=planner, group=transport.group, transport=transport,
-                  timeout=600, chunk_elems=chunk_elems)
-    rng = np.random.default_rng(transport.rank)
-    tensors = [torch.from_numpy((rng.standard_normal(size) * 1e-3).astype(np.float32))
-               for _ in range(count)]
-
-    def step() -> None:
-        for i, t in enumerate(tensors):
-            sync.submit(f"g{i}", t)
-        sync.synchronize()
-
-    try:
-        step()
-        times = []
-        for _ in range(reps):
-            transport.dist.barrier(group=transport.group)
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-    finally:
-        sync.close()
-    return statistics.median(times)
-
-
-def _engine_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
+def _engine_overhead(transport: Transport, steps: StepTimer, model: CostModel, algo: str,
                      topology: str, reps: int) -> tuple[Linear, Linear]:
     """The engine's own cost beyond its primitives, per chunk graph (``graph/TOPOLOGY``'s
     a) and per segment (``tensor/TOPOLOGY``).
@@ -66,7 +36,7 @@ def _engine_overhead(transport: Transport, engine: type, model: CostModel, algo:
 
     def slope(shapes: list[tuple[int, int, int]]) -> float:
         measured = transport.max_over_ranks([
-            _engine_steps(transport, engine, planner, algorithm, ce, n, size, reps)
+            steps(transport, planner, algorithm, ce, n, size, reps)
             for n, size, ce in shapes])
         predicted = [_predict_steps(model, transport.size, planner, n, size, ce)
                      for n, size, ce in shapes]
@@ -82,7 +52,7 @@ def _engine_overhead(transport: Transport, engine: type, model: CostModel, algo:
 _BULK = (8, 1 << 22)
 
 
-def _bulk_overhead(transport: Transport, engine: type, model: CostModel, algo: str,
+def _bulk_overhead(transport: Transport, steps: StepTimer, model: CostModel, algo: str,
                    topology: str, reps: int) -> Linear:
     """What the engine adds per element of a large step beyond its primitives
     (``bulk/ALGO/TOPOLOGY``): the threads that share the cores with the kernels, and the
@@ -91,9 +61,8 @@ def _bulk_overhead(transport: Transport, engine: type, model: CostModel, algo: s
     algorithm = "none" if topology == "none" else algo
     planner = _flat_planner(algorithm, topology)
     count, size = _BULK
-    measured = transport.max_over_ranks([_engine_steps(transport, engine, planner,
-                                                         algorithm, 4 * size, count, size,
-                                                         reps)])[0]
+    measured = transport.max_over_ranks([steps(transport, planner, algorithm, 4 * size,
+                                                  count, size, reps)])[0]
     predicted = _predict_steps(model, transport.size, planner, count, size, 4 * size)
     return Linear(0.0, max(measured - predicted, 0.0) / (count * size))
 
@@ -135,27 +104,27 @@ def _naive_overhead(transport: Transport, model: CostModel, algo: str, reps: int
     return Linear(max(slope, 0.0), 0.0)
 
 
-def engine_costs(transport: Transport, engine: type, costs: dict[str, Linear],
+def engine_costs(transport: Transport, steps: StepTimer, costs: dict[str, Linear],
                   overlap: float, algorithms: tuple[str, ...], reps: int,
                   say: Callable[[str], Any]) -> None:
     """Fit the engine's own costs beyond its primitives into ``costs``: the naive
     baseline's per tensor, per chunk graph and segment, and per element of bulk steps."""
     model = CostModel(transport.size, dict(costs), 1, {}, overlap)
     if algorithms:
-        costs["naive"] = _naive_overhead(transport, model, algorithms[0], reps)
-        say(f"naive baseline's own cost per tensor: {costs['naive'].a * 1e6:.0f} µs")
+        costs[Cost.NAIVE.key()] = _naive_overhead(transport, model, algorithms[0], reps)
+        say(f"naive baseline's own cost per tensor: {costs[Cost.NAIVE.key()].a * 1e6:.0f} µs")
     for topo in ("none", *COMPRESSED) if algorithms else ("none",):
-        costs[f"graph/{topo}"], costs[f"tensor/{topo}"] = _engine_overhead(
-            transport, engine, model, algorithms[0] if algorithms else "none", topo, reps)
-        say(f"engine overhead per {topo} chunk: {costs[f'graph/{topo}'].a * 1e6:.0f} µs, "
-            f"per segment: {costs[f'tensor/{topo}'].a * 1e6:.1f} µs")
+        costs[Cost.GRAPH.key(topo)], costs[Cost.TENSOR.key(topo)] = _engine_overhead(
+            transport, steps, model, algorithms[0] if algorithms else "none", topo, reps)
+        say(f"engine overhead per {topo} chunk: {costs[Cost.GRAPH.key(topo)].a * 1e6:.0f} µs, "
+            f"per segment: {costs[Cost.TENSOR.key(topo)].a * 1e6:.1f} µs")
     model = CostModel(transport.size, dict(costs), 1, {}, overlap)
     for algo in algorithms:
         for topo in COMPRESSED:
-            key = f"bulk/{algo}/{topo}"
-            costs[key] = _bulk_overhead(transport, engine, model, algo, topo, reps)
+            key = Cost.BULK.key(algo, topo)
+            costs[key] = _bulk_overhead(transport, steps, model, algo, topo, reps)
             say(f"engine overhead of {algo} {topo} per element: "
                 f"{costs[key].b * 1e9:.2f} ns")
     if algorithms:
-        costs["bulk/none"] = _bulk_overhead(transport, engine, model, algorithms[0], "none",
-                                            reps)
+        costs[Cost.BULK.key("none")] = _bulk_overhead(transport, steps, model,
+                                                      algorithms[0], "none", reps)

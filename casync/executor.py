@@ -46,13 +46,24 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Any
 
 from hipress.errors import HiPressError, SyncError
 
-from .transport import Handle, Transport
+from .transport import Handle, Posted, Transport
 
-__all__ = ["Task", "Graph", "Executor", "describe_failure"]
+__all__ = ["Lane", "Task", "Graph", "Executor", "describe_failure"]
+
+
+class Lane(StrEnum):
+    """Where a task runs (see the module docstring)."""
+
+    COMPUTE = "compute"  # the compute lane's thread, by priority
+    P2P = "p2p"  # posted by the p2p thread, waited on the comm lane
+    POST = "post"  # posted by the thread that readied it, waited on the comm lane
+    INLINE = "inline"  # run by the thread that readied it (a small average)
+    COMM = "comm"  # in traces: a post's or receive's wait, ended by the comm lane
 
 
 class Task:
@@ -61,7 +72,7 @@ class Task:
     __slots__ = ("graph", "name", "lane", "prio", "run", "handle", "pending", "children",
                  "done")
 
-    def __init__(self, graph: Graph, name: str, lane: str, prio: tuple[int, ...],
+    def __init__(self, graph: Graph, name: str, lane: Lane, prio: tuple[int, ...],
                  run: Callable[[], Any] | None, handle: Handle | None = None) -> None:
         self.graph = graph
         self.name = name
@@ -96,7 +107,7 @@ class Graph:
             self._label = self._label()
         return self._label
 
-    def task(self, name: str, lane: str, prio: tuple[int, ...], run: Callable[[], Any] | None,
+    def task(self, name: str, lane: Lane, prio: tuple[int, ...], run: Callable[[], Any] | None,
              deps: tuple[Task | None, ...] = (), handle: Handle | None = None) -> Task:
         """Add a task that runs after ``deps`` (``None`` entries are ignored)."""
         t = Task(self, name, lane, prio, run, handle)
@@ -137,7 +148,7 @@ def describe_failure(graph: Graph, handle: Handle | None, cause: BaseException,
     if handle is None:
         return SyncError(f"{where}: {type(cause).__name__}: {text}")
     timed_out = "timed out" in text.lower() or "timeout" in text.lower()
-    if handle.kind == "allreduce":
+    if handle.kind is Posted.ALLREDUCE:
         peer = "a peer of the allreduce"
     else:
         peer = f"rank {handle.peer}"
@@ -246,12 +257,12 @@ class Executor:
         ready = ready[::-1]  # post in graph order: collectives must match across ranks
         while ready:
             task = ready.pop()
-            if task.lane == "compute":
+            if task.lane is Lane.COMPUTE:
                 with self._cv:
                     heapq.heappush(self._compute, (task.prio, next(self._order), task))
                     self._work.notify()
                 continue
-            if task.lane == "p2p" and threading.current_thread() is not self._p2p_thread:
+            if task.lane is Lane.P2P and threading.current_thread() is not self._p2p_thread:
                 with self._cv:
                     heapq.heappush(self._p2p, (task.prio, next(self._order), task))
                     self._poster.notify()
@@ -260,13 +271,13 @@ class Executor:
                 start = time.perf_counter()
                 handle = task.run() if task.run is not None else None
                 self._record(task.lane, task, start)
-                if task.lane == "inline" and self.trace is not None and task.run:
+                if task.lane is Lane.INLINE and self.trace is not None and task.run:
                     self.ran.append(task.run)
             except BaseException as exc:  # noqa: BLE001 - reported through the futures
                 self._fail(describe_failure(task.graph, None, exc, self.timeout),
                            task.graph.step)
                 return
-            if isinstance(handle, Handle) and handle.kind != "send":
+            if isinstance(handle, Handle) and handle.kind is not Posted.SEND:
                 task.handle = handle
                 with self._cv:
                     heapq.heappush(self._waits, (task.prio, next(self._order), task))
@@ -323,7 +334,7 @@ class Executor:
                 graph.on_error(self.error)
             graph.finished.set()
 
-    def _record(self, lane: str, task: Task, start: float) -> None:
+    def _record(self, lane: Lane, task: Task, start: float) -> None:
         if self.trace is not None:
             self.trace.append((lane, task.name, task.graph.label, start, time.perf_counter()))
 
@@ -343,7 +354,7 @@ class Executor:
                 start = time.perf_counter()
                 assert task.run is not None
                 task.run()
-                self._record("compute", task, start)
+                self._record(Lane.COMPUTE, task, start)
                 if self.trace is not None:
                     self.ran.append(task.run)
             except BaseException as exc:  # noqa: BLE001
@@ -362,7 +373,7 @@ class Executor:
             try:
                 start = time.perf_counter()
                 self.transport.wait(task.handle, self.timeout)
-                self._record("comm", task, start)
+                self._record(Lane.COMM, task, start)
             except BaseException as exc:  # noqa: BLE001
                 self._fail(describe_failure(task.graph, task.handle, exc, self.timeout),
                            task.graph.step)

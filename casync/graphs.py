@@ -28,8 +28,8 @@ import numpy as np
 from .chunks import Segment
 from .context import Context
 from .devices import LENGTH, HostMemory, Memory, Message, framed_payloads
-from .executor import Graph, Task
-from .transport import Handle
+from .executor import Graph, Lane, Task
+from .transport import Handle, Posted
 
 __all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
            "build_none"]
@@ -63,7 +63,7 @@ def _encode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int],
         else:
             box.append(ctx.encode(segs, role, name, merge[1](), merge[0]))
 
-    return graph.task(name, "compute", prio, run, deps), lambda: box[-1]
+    return graph.task(name, Lane.COMPUTE, prio, run, deps), lambda: box[-1]
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _messages(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag:
     assert ctx.link is not None
     if ctx.link.device_wire:
         return _exchange(graph, ctx, name, prio, tag, outs, ins)
-    sends = [graph.task(o.name, "p2p", o.prio, _poster(ctx, o, tag), o.deps) for o in outs]
+    sends = [graph.task(o.name, Lane.P2P, o.prio, _poster(ctx, o, tag), o.deps) for o in outs]
     return sends, [_recv(graph, ctx, i, tag) for i in ins]
 
 
@@ -129,7 +129,7 @@ def _recv(graph: Graph, ctx: Context, spec: _In, tag: int) -> tuple[Task, Got]:
 
     # Posted by the executor's p2p thread, as sends are: a Gloo receive's post waits on
     # the same pair lock, which would stall the building (submitting) thread.
-    task = graph.task(spec.name, "p2p", spec.prio,
+    task = graph.task(spec.name, Lane.P2P, spec.prio,
                       lambda: ctx.transport.irecv(capacity, spec.src, tag, buffer))
     return task, message
 
@@ -156,9 +156,9 @@ def _exchange(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], tag:
             with ctx.memory.active():  # NCCL takes the current device (per thread)
                 return ctx.transport.exchange(sends, recvs, tag)
 
-        return sequencer.post(number, post, Handle(None, peer, "exchange", None))
+        return sequencer.post(number, post, Handle(None, peer, Posted.EXCHANGE, None))
 
-    task = graph.task(name, "post", prio, run, tuple(d for o in outs for d in o.deps))
+    task = graph.task(name, Lane.POST, prio, run, tuple(d for o in outs for d in o.deps))
     return [task] * len(outs), [(task, _constant(Message(b))) for b in buffers]
 
 
@@ -172,7 +172,7 @@ def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], messag
     def run() -> None:
         ctx.decode(message(), segs, accumulate, scale, name)
 
-    return graph.task(name, "compute", prio, run, deps)
+    return graph.task(name, Lane.COMPUTE, prio, run, deps)
 
 
 def build_ps(ctx: Context, graph: Graph) -> None:
@@ -342,14 +342,14 @@ def build_none(ctx: Context, graph: Graph) -> None:
                 return ctx.transport.allreduce_device(flat)
 
         def post() -> Handle:
-            return sequencer.post(number, reduce, Handle(None, -1, "allreduce", flat))
+            return sequencer.post(number, reduce, Handle(None, -1, Posted.ALLREDUCE, flat))
 
-        t_ar = graph.task("allreduce", "post", (0, 0), post)
+        t_ar = graph.task("allreduce", Lane.POST, (0, 0), post)
     else:
         if not isinstance(memory, HostMemory):
             wire = ctx.scratch("flat-host", ctx.chunk.numel, np.float32, True)
             memory.to_host(wire, flat)
-        t_ar = graph.task("allreduce", "post", (0, 0), lambda: ctx.transport.allreduce(wire))
+        t_ar = graph.task("allreduce", Lane.POST, (0, 0), lambda: ctx.transport.allreduce(wire))
 
     def average() -> None:
         with memory.active():
@@ -359,7 +359,7 @@ def build_none(ctx: Context, graph: Graph) -> None:
             if not inplace:
                 memory.scatter(flat, segs)
 
-    lane = "inline" if ctx.chunk.numel <= INLINE_AVERAGE else "compute"
+    lane = Lane.INLINE if ctx.chunk.numel <= INLINE_AVERAGE else Lane.COMPUTE
     graph.task("average", lane, (1, 0), average, deps=(t_ar,))
 
 

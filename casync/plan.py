@@ -10,7 +10,7 @@ from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
 __all__ = ["TOPOLOGIES", "COMPRESSED", "OWNED", "MIN_COMPRESS", "Plan", "Planner",
-           "Learner", "Greedy", "StaticPlanner"]
+           "Learner", "Greedy", "StaticPlanner", "StepTimer"]
 
 #: The topologies that compress, each a graph builder of ``casync.graphs``, in the
 #: order planners list them (the first is the default).
@@ -81,6 +81,15 @@ class Learner(Protocol):
     def observe(self, tensors: list[tuple[str, int]]) -> None: ...
 
     def end_step(self, world: int, chunk_elems: int) -> None: ...
+
+
+class StepTimer(Protocol):
+    """Times the engine's own steps for the profiler (``Synchronizer.time_steps``): the
+    median seconds of ``reps`` steps of ``count`` tensors of ``size`` floats on
+    ``transport``'s group, planned by ``planner``, in chunks of ``chunk_elems``."""
+
+    def __call__(self, transport: Any, planner: Planner, algorithm: str, chunk_elems: int,
+                 count: int, size: int, reps: int) -> float: ...
 
 
 @runtime_checkable

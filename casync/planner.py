@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from .chunks import CHUNK_ELEMS
 from .costmodel import CostModel
-from .plan import COMPRESSED, Plan, Planner, StaticPlanner
+from .plan import COMPRESSED, Plan, Planner, StaticPlanner, StepTimer
 from .profiler import cached
 from .simulate import Gradient, simulate
 from .timeline import Lanes, predict
@@ -97,11 +97,11 @@ class CostPlanner:
 
     @classmethod
     def measured(cls, transport: Transport, algorithm: str, target: str,
-                 engine: type) -> CostPlanner:
+                 steps: StepTimer) -> CostPlanner:
         """A planner on the costs of ``transport``'s group, profiled once and then cached
-        (``casync.profiler.cached``): what ``plan="auto"`` runs with. ``engine`` is the
-        engine class whose own costs the profile times (it is the caller)."""
-        return cls(cached(transport, (algorithm,), target, engine=engine), (algorithm,))
+        (``casync.profiler.cached``): what ``plan="auto"`` runs with. ``steps`` times the
+        engine's own steps for the profile (``Synchronizer.time_steps``)."""
+        return cls(cached(transport, (algorithm,), target, steps=steps), (algorithm,))
 
     def __post_init__(self) -> None:
         self.algorithms = tuple(self.algorithms)

@@ -26,9 +26,10 @@ from compll.build import cache_dir
 from hipress._version import __version__
 
 from . import primitives as P
-from .costmodel import CostModel, Linear, payload_bytes
+from .costmodel import Cost, CostModel, Linear, payload_bytes
 from .engine_costs import engine_costs
 from .feedback import ErrorFeedback
+from .plan import StepTimer
 from .transport import Transport
 
 __all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
@@ -146,15 +147,15 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
     def accumulate(n: int) -> None:
         P.decode(codec, payloads[n], acc(n), accumulate=True)
 
-    costs = {f"encode/{algo}": _sweep(transport, elements, reps, encode),
-             f"decode/{algo}": _sweep(transport, elements, reps, decode),
-             f"accumulate/{algo}": _sweep(transport, elements, reps, accumulate),
-             f"bytes/{algo}": payload_bytes(algo, **codec.params)}
+    costs = {Cost.ENCODE.key(algo): _sweep(transport, elements, reps, encode),
+             Cost.DECODE.key(algo): _sweep(transport, elements, reps, decode),
+             Cost.ACCUMULATE.key(algo): _sweep(transport, elements, reps, accumulate),
+             Cost.BYTES.key(algo): payload_bytes(algo, **codec.params)}
     if feedback is not None:  # the naive baseline encodes without residuals
         def plain(n: int) -> None:
             codec.encode(x(n), out=out)
 
-        costs[f"plain/{algo}"] = _sweep(transport, elements, reps, plain)
+        costs[Cost.PLAIN.key(algo)] = _sweep(transport, elements, reps, plain)
     if codec.target in ("cpu", "auto"):  # the kernels fuse; elsewhere it is acc + enc
         residual = np.zeros(max(elements), np.float32) if on else None
 
@@ -163,7 +164,7 @@ def _codec_costs(transport: Transport, algo: str, x: _Cold, acc: _Cold,
             codec.encode_batch([acc(n)], out=out, steps=[0], residuals=res, feedback=on,
                                merge=payloads[n])
 
-        costs[f"fuse/{algo}"] = _sweep(transport, elements, reps, fuse)
+        costs[Cost.FUSE.key(algo)] = _sweep(transport, elements, reps, fuse)
     return costs
 
 
@@ -220,8 +221,8 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
     import threading
 
     work = np.zeros_like(x)
-    merges = max(1, round(seconds / max(costs["merge"](x.size), 1e-6)))
-    fit = costs["send"]
+    merges = max(1, round(seconds / max(costs[Cost.MERGE.key()](x.size), 1e-6)))
+    fit = costs[Cost.SEND.key()]
     nbytes = int(min(max((seconds - fit.a) / max(fit.b, 1e-15), 64 << 10), largest))
     sends = max(1, round(seconds / max(fit(nbytes), 1e-6)))
 
@@ -256,7 +257,7 @@ def _overlap(transport: Transport, costs: dict[str, Linear], x: np.ndarray, reps
 
 
 def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
-            engine: type, elements: tuple[int, ...] = ELEMENTS,
+            steps: StepTimer, elements: tuple[int, ...] = ELEMENTS,
             message_bytes: tuple[int, ...] = BYTES,
             reps: int = 5, target: str = "auto", error_feedback: bool | None = None,
             say: Callable[[str], Any] = lambda _: None) -> CostModel:
@@ -265,8 +266,8 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     Args:
         transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
         algorithms: codecs to time encode and decode for.
-        engine: the engine whose own costs are measured (``casync.Synchronizer``; it is
-            passed in because the engine itself asks for a profile with ``cached``).
+        steps: how the engine times its own steps (``Synchronizer.time_steps``), for
+            its costs beyond the primitives (``casync.engine_costs``).
         elements, message_bytes: the size sweeps.
         reps: timed repetitions per size, at least (their mean is kept).
         target: codec target, as for ``hipress.codec``.
@@ -278,7 +279,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         The fitted ``CostModel``, identical on every rank.
 
     Example:
-        >>> cost = measure(Transport(), ("onebit", "dgc"), engine=Synchronizer)
+        >>> cost = measure(Transport(), ("onebit", "dgc"), steps=Synchronizer.time_steps)
         >>> cost.encode("onebit", 1 << 20)
     """
     rng = np.random.default_rng(transport.rank)
@@ -289,16 +290,17 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     def merge(n: int) -> None:
         P.merge(acc(n), x(n))
 
-    costs["merge"] = _sweep(transport, elements, reps, merge)
-    say(f"merge: {costs['merge']}")
+    costs[Cost.MERGE.key()] = _sweep(transport, elements, reps, merge)
+    say(f"merge: {costs[Cost.MERGE.key()]}")
     for algo in algorithms:
         costs.update(_codec_costs(transport, algo, x, acc, elements, reps, target,
                                   error_feedback))
-        say(f"{algo}: encode {costs[f'encode/{algo}']}, decode {costs[f'decode/{algo}']}")
+        say(f"{algo}: encode {costs[Cost.ENCODE.key(algo)]}, "
+            f"decode {costs[Cost.DECODE.key(algo)]}")
     overlap = 1.0
     if transport.size > 1:
         overlap = _wire_costs(transport, costs, x, acc, elements, message_bytes, reps, say)
-        engine_costs(transport, engine, costs, overlap, algorithms, reps, say)
+        engine_costs(transport, steps, costs, overlap, algorithms, reps, say)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
@@ -327,19 +329,20 @@ def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _
     def allreduce(n: int) -> None:
         transport.wait(transport.allreduce(acc(n)), 600)
 
-    costs["send"] = _sweep(transport, message_bytes, reps, send)
-    say(f"send: {costs['send']}")
+    costs[Cost.SEND.key()] = _sweep(transport, message_bytes, reps, send)
+    say(f"send: {costs[Cost.SEND.key()]}")
     # The naive baseline pays an exchange's fixed cost per tensor, serially, spikes
     # included: fit its mean, over a sample long enough to hold the spikes.
     exchange = _exchange(transport, max(message_bytes))
     for _ in range(_GATHER_SETTLE):
         exchange(min(message_bytes))
-    costs["exchange"] = _sweep(transport, message_bytes, reps, exchange,
+    costs[Cost.EXCHANGE.key()] = _sweep(transport, message_bytes, reps, exchange,
                                seconds=_GATHER_SECONDS, fixed="mean")
-    say(f"exchange (all-gather of sizes, then of payloads): {costs['exchange']}")
+    say(f"exchange (all-gather of sizes, then of payloads): {costs[Cost.EXCHANGE.key()]}")
     # DDP-sized buckets reach 6.5M floats: sweep the allreduce that far and beyond.
-    costs["allreduce"] = _sweep(transport, (*elements, 4 * max(elements)), reps, allreduce)
-    say(f"allreduce: {costs['allreduce']}")
+    costs[Cost.ALLREDUCE.key()] = _sweep(transport, (*elements, 4 * max(elements)), reps,
+                                         allreduce)
+    say(f"allreduce: {costs[Cost.ALLREDUCE.key()]}")
     overlap = _overlap(transport, costs, x(max(elements)), reps, send, max(message_bytes))
     say(f"compute/communication overlap: {overlap:.2f}")
     return overlap
@@ -353,7 +356,7 @@ def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) 
 
 
 def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "auto", *,
-           engine: type, say: Callable[[str], Any] = lambda _: None) -> CostModel:
+           steps: StepTimer, say: Callable[[str], Any] = lambda _: None) -> CostModel:
     """Rank 0's cached profile for this host, world and settings, measured (on every
     rank) when rank 0 has none; every rank returns the same model."""
     path = _cache_path(transport, algorithms, target)
@@ -364,7 +367,7 @@ def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "aut
     if text[0] is not None:
         return CostModel.from_json(json.loads(text[0]))
     say("profiling the primitives once for plan='auto' (cached afterwards)")
-    cost = measure(transport, algorithms, engine=engine, target=target, say=say)
+    cost = measure(transport, algorithms, steps=steps, target=target, say=say)
     if transport.rank == 0:
         cost.save(path)
     return cost

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chunks import CHUNK_ELEMS, Chunk, Chunker
-from .costmodel import CostModel
+from .costmodel import Cost, CostModel
 from .plan import Greedy, Plan, Planner
 from .timeline import Lanes, Stage, on_host, predict
 
@@ -143,7 +143,7 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
         # The exchange: all-gathers of the sizes, then of the payloads. Besides the
         # codec: zero the sum, average it, copy it back (three passes), and what the
         # baseline's own code costs per tensor (profiled as ``naive``).
-        own = cost.costs["naive"].a if "naive" in cost.costs else 0.0
+        own = cost.costs[Cost.NAIVE.key()].a if Cost.NAIVE.key() in cost.costs else 0.0
         # It encodes without error feedback (``casync.baselines``), whatever the engine does.
         chain = [Stage("compute", cost.plain_encode(algo, x) + own),
                  Stage("net", cost.exchange(y, peers + 1)),
@@ -157,7 +157,7 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
 def _powersgd(cost: CostModel, world: int, grads: Sequence[Gradient], rank: int) -> Result:
     """torch's powerSGD_hook per DDP bucket: vectors and the P factors in one allreduce,
     orthogonalize, Q factors in a second, then decompress (square matrices assumed)."""
-    flops = cost._get("flops")
+    flops = cost._get(Cost.FLOPS.key())
     lanes, result = Lanes(), Result("powersgd", 0.0)
     for members in _groups(grads, DDP_BUCKET):
         name, numel, ready = _label(members), sum(g.numel for g in members), members[-1].ready

@@ -9,8 +9,12 @@ executor and health services. The planner learns the model by itself
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from hipress.errors import ConfigError, SyncError
 
@@ -109,7 +113,7 @@ class Synchronizer:
         if config.auto:
             assert settings.algorithm is not None
             first = CostPlanner.measured(self.transport, settings.algorithm, config.target,
-                                         engine=type(self))
+                                         steps=self.time_steps)
         # -- the services: graphs run on the executor, progress and failures go to health
         self.executor = Executor(self.transport, settings.timeout, trace)
         self.health = Health(self.transport.group, self.rank, self.size)
@@ -330,3 +334,36 @@ class Synchronizer:
                 # (casync.teardown). A failed engine's lanes may sit in Gloo instead;
                 # hipress.distributed cuts its connections before it waits for them.
                 self.executor.join(5.0)
+
+    # -- measuring itself -----------------------------------------------------------------
+
+    @classmethod
+    def time_steps(cls, transport: Transport, planner: Planner, algorithm: str,
+                   chunk_elems: int, count: int, size: int, reps: int) -> float:
+        """The median seconds of ``reps`` steps of ``count`` tensors of ``size`` floats on a
+        fresh engine over ``transport`` (``casync.plan.StepTimer``: the profiler prices the
+        engine's own costs from them)."""
+        import torch  # only here: NumPy-only callers of casync never import it
+
+        sync = cls(algorithm, planner=planner, group=transport.group, transport=transport,
+                   timeout=600, chunk_elems=chunk_elems)
+        rng = np.random.default_rng(transport.rank)
+        tensors = [torch.from_numpy((rng.standard_normal(size) * 1e-3).astype(np.float32))
+                   for _ in range(count)]
+
+        def step() -> None:
+            for i, t in enumerate(tensors):
+                sync.submit(f"g{i}", t)
+            sync.synchronize()
+
+        try:
+            step()
+            times = []
+            for _ in range(reps):
+                transport.dist.barrier(group=transport.group)
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+        finally:
+            sync.close()
+        return statistics.median(times)

@@ -23,7 +23,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from .costmodel import CostModel
+from .costmodel import Cost, CostModel
 from .plan import Plan
 
 __all__ = ["Stage", "Lanes", "chains", "on_host", "predict"]
@@ -90,20 +90,20 @@ class _Costs:
         return fit(x) if self.fixed else fit.b * x
 
     def enc(self, v: float) -> float:
-        return self._at(f"encode/{self.algo}", v / self.g)
+        return self._at(Cost.ENCODE.key(self.algo), v / self.g)
 
     def dec(self, v: float) -> float:
-        return self._at(f"decode/{self.algo}", v / self.g)
+        return self._at(Cost.DECODE.key(self.algo), v / self.g)
 
     def acc(self, v: float) -> float:
-        key = f"accumulate/{self.algo}"
+        key = Cost.ACCUMULATE.key(self.algo)
         if key not in self.cost.costs:
-            key = f"decode/{self.algo}"
+            key = Cost.DECODE.key(self.algo)
         return self._at(key, v / self.g)
 
     def fuse(self, v: float) -> float:
         """A merge and the re-encode after it: one call where the profile timed it."""
-        key = f"fuse/{self.algo}"
+        key = Cost.FUSE.key(self.algo)
         if key not in self.cost.costs:
             return self.acc(v) + self.enc(v)
         return self._at(key, v / self.g)
@@ -178,7 +178,8 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 
         # cores it takes meanwhile is charged beside it. The engine copies the chunk into
         # one buffer first and averages it and copies it back after.
         busy = cost.allreduce(x, world, fixed)
-        merge = cost.merge(x / cost.gpus) if fixed else cost._get("merge").b * x / cost.gpus
+        merge = cost.merge(x / cost.gpus) if fixed \
+            else cost._get(Cost.MERGE.key()).b * x / cost.gpus
         out.append(inner + [Stage("compute", merge), Stage("net", busy),
                             Stage("compute", 2 * merge)] + inner)
         beside.append([Stage("compute", (1 - _overlap(cost)) * busy)])
@@ -189,21 +190,28 @@ def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 
     else:
         out.append(inner)
     if engine:
-        # The engine's own cost of running a chunk's graph (tasks, dispatch, messages), of
-        # each segment in it and of each element (threads sharing the cores, waits between
-        # ranks), measured on the engine: spent on the cores while the graph runs, so it
-        # occupies the compute lane beside the chain rather than before it.
-        per_graph = cost.costs.get(f"graph/{plan.topology}")
-        per_tensor = cost.costs.get(f"tensor/{plan.topology}")
-        bulk = cost.costs.get(f"bulk/{plan.algorithm}/{plan.topology}" if plan.compress
-                              else "bulk/none")
-        if per_graph is not None and fixed:
-            beside.append([Stage("compute", per_graph.a)])
-        if bulk is not None:
-            beside.append([Stage("compute", bulk.b * x)])
-        if per_tensor is not None:
-            beside.append([Stage("compute", segments * per_tensor.a)])
+        beside += _engine_stages(cost, plan, x, segments, fixed)
     return beside + out
+
+
+def _engine_stages(cost: CostModel, plan: Plan, x: float, segments: int,
+                   fixed: bool) -> list[list[Stage]]:
+    """The engine's own cost of running a chunk's graph (tasks, dispatch, messages), of
+    each segment in it and of each element (threads sharing the cores, waits between
+    ranks), measured on the engine: spent on the cores while the graph runs, so it
+    occupies the compute lane beside the chain rather than before it."""
+    per_graph = cost.costs.get(Cost.GRAPH.key(plan.topology))
+    per_tensor = cost.costs.get(Cost.TENSOR.key(plan.topology))
+    bulk = cost.costs.get(Cost.BULK.key(plan.algorithm, plan.topology) if plan.compress
+                          else Cost.BULK.key("none"))
+    out = []
+    if per_graph is not None and fixed:
+        out.append([Stage("compute", per_graph.a)])
+    if bulk is not None:
+        out.append([Stage("compute", bulk.b * x)])
+    if per_tensor is not None:
+        out.append([Stage("compute", segments * per_tensor.a)])
+    return out
 
 
 def _overlap(cost: CostModel) -> float:

@@ -15,13 +15,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 from hipress.errors import ConfigError
 
-__all__ = ["Handle", "Transport", "NcclTransport", "Sequencer", "tag_space", "parse_rate",
+__all__ = ["Posted", "Handle", "Transport", "NcclTransport", "Sequencer", "tag_space", "parse_rate",
            "Pacer"]
 
 #: Tags are 31-bit; the engine allots consecutive tags per graph and wraps around.
@@ -49,12 +50,21 @@ def parse_rate(text: str) -> float:
                       "gbit (e.g. 1gbit)")
 
 
+class Posted(StrEnum):
+    """What a ``Handle`` waits on."""
+
+    SEND = "send"
+    RECV = "recv"
+    ALLREDUCE = "allreduce"
+    EXCHANGE = "exchange"  # an all-gather of sizes, then of payloads (device links)
+
+
 class Handle:
     """One posted operation: what to wait on, with whom, and its buffer."""
 
     __slots__ = ("work", "peer", "kind", "buffer", "ready", "error")
 
-    def __init__(self, work: Any, peer: int, kind: str, buffer: Any,
+    def __init__(self, work: Any, peer: int, kind: Posted, buffer: Any,
                  ready: threading.Event | None = None) -> None:
         self.work = work  # a backend Work, or a list of them (an exchange)
         self.peer = peer
@@ -147,7 +157,7 @@ class Transport:
         return (f"CaSync moves host buffers and needs a Gloo group, not {backend!r}; create "
                 "one with dist.new_group(backend='gloo')")
 
-    def _paced(self, nbytes: int, post: Callable[[], Any], peer: int, kind: str,
+    def _paced(self, nbytes: int, post: Callable[[], Any], peer: int, kind: Posted,
                buffer: np.ndarray) -> Handle:
         if self.pacer is None:
             return Handle(post(), peer, kind, buffer)
@@ -171,7 +181,7 @@ class Transport:
         self.bytes_sent += payload.nbytes
         self.messages_sent += 1
         return self._paced(payload.nbytes, lambda: self.dist.isend(
-            _torch_view(payload), self._global(dst), self.group, tag), dst, "send", payload)
+            _torch_view(payload), self._global(dst), self.group, tag), dst, Posted.SEND, payload)
 
     def irecv(self, capacity: int, src: int, tag: int,
               buffer: np.ndarray | None = None) -> Handle:
@@ -180,7 +190,7 @@ class Transport:
         if buffer is None or buffer.size < capacity:
             buffer = np.empty(max(capacity, 1), dtype=np.uint8)
         work = self.dist.irecv(_torch_view(buffer), self._global(src), self.group, tag)
-        return Handle(work, src, "recv", buffer)
+        return Handle(work, src, Posted.RECV, buffer)
 
     def allreduce(self, data: np.ndarray) -> Handle:
         """Post an in-place sum of a contiguous float32 buffer over the group."""
@@ -188,7 +198,7 @@ class Transport:
         self.bytes_sent += nbytes
         self.collectives += 1
         return self._paced(nbytes, lambda: self.dist.all_reduce(
-            _torch_view(data), group=self.group, async_op=True), -1, "allreduce", data)
+            _torch_view(data), group=self.group, async_op=True), -1, Posted.ALLREDUCE, data)
 
     def exchange(self, sends: list[tuple[Any, int]], recvs: list[tuple[Any, int]],
                  tag: int) -> list[Any]:

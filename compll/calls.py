@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from . import ir
 from .builtins import Builtin, RuleError
-from .ir import FLOATS, PACKED_BITS, Length, Pos, Type
+from .ir import FLOATS, PACKED_BITS, Length, LengthKind, Pos, Type, TypeKind
 from .typing_rules import is_int, promote_one
 
 __all__ = ["RULES", "cast", "elementwise"]
@@ -69,7 +69,7 @@ def elementwise(c: Checker, e: ir.Call, spec: Builtin) -> ir.Expr:
 
 def array_arg(c: Checker, x: ir.Expr, what: str, packed: bool = False) -> Type:
     assert x.ty is not None
-    kinds = ("array", "packed") if packed else ("array",)
+    kinds = (TypeKind.ARRAY, TypeKind.PACKED) if packed else (TypeKind.ARRAY,)
     if x.ty.kind not in kinds:
         raise c.err(f"{what} needs an array, not {x.ty}", x.pos)
     return x.ty
@@ -77,7 +77,7 @@ def array_arg(c: Checker, x: ir.Expr, what: str, packed: bool = False) -> Type:
 
 def scalar_arg(c: Checker, x: ir.Expr, what: str, ints: bool = False) -> Type:
     assert x.ty is not None
-    if x.ty.kind != "scalar" or (ints and not is_int(x.ty.elem)):
+    if x.ty.kind is not TypeKind.SCALAR or (ints and not is_int(x.ty.elem)):
         kind = "an integer" if ints else "a number"
         raise c.err(f"{what} needs {kind}, not {x.ty}", x.pos)
     return x.ty
@@ -151,7 +151,7 @@ def _reduce(c: Checker, e: ir.Call) -> ir.Expr:
         if not 0 <= block < 2**32:
             raise c.err("block= must be in 0..4294967295 (0: one block of all)", raw.pos)
         assert at.length is not None
-        ty = Type.array(out, Length("blocks", block, base=at.length))
+        ty = Type.array(out, Length(LengthKind.BLOCKS, block, base=at.length))
         kwargs += (("block", ir.Const(block, raw.pos, Type.scalar("u32"))),)
     return dataclasses.replace(
         e, args=(a, op), kwargs=kwargs, ty=ty, operand_ty=Type.scalar(elem)
@@ -161,7 +161,7 @@ def _reduce(c: Checker, e: ir.Call) -> ir.Expr:
 def _expand(c: Checker, e: ir.Call) -> ir.Expr:
     (r,) = c.typed_args(e)
     rt = array_arg(c, r, "expand")
-    if rt.length is None or rt.length.kind != "blocks" or rt.length.base is None:
+    if rt.length is None or rt.length.kind is not LengthKind.BLOCKS or rt.length.base is None:
         raise c.err(f"expand takes one value per block (from reduce(..., block=B)), not {rt}",
                     r.pos)
     return dataclasses.replace(e, args=(r,), ty=Type.array(rt.elem, rt.length.base))
@@ -180,7 +180,7 @@ def indexed_result(c: Checker, e: ir.Call, elem: str, length: Length, index: boo
     values = Type.array(elem, length)
     if not index:
         return values
-    return Type("tuple", items=(Type.array("u32", length), values))
+    return Type(TypeKind.TUPLE, items=(Type.array("u32", length), values))
 
 
 def _filter(c: Checker, e: ir.Call) -> ir.Expr:
@@ -272,14 +272,14 @@ def _pack(c: Checker, e: ir.Call) -> ir.Expr:
     bits = const_kwarg(c, e, "bits", 8)
     if bits not in PACKED_BITS:
         raise c.err(f"pack's bits must be 1, 2, 4 or 8, not {bits}", e.kwarg("bits").pos)  # type: ignore[union-attr]
-    ty = Type("packed", "u8", at.length, bits=bits)
+    ty = Type(TypeKind.PACKED, "u8", at.length, bits=bits)
     return dataclasses.replace(e, args=(a,), kwargs=(), ty=ty)
 
 
 def _unpack(c: Checker, e: ir.Call) -> ir.Expr:
     (a,) = c.typed_args(e)
     at = array_arg(c, a, "unpack", packed=True)
-    if at.kind != "packed":
+    if at.kind is not TypeKind.PACKED:
         raise c.err(f"unpack needs a packed array, not {at}", a.pos)
     return dataclasses.replace(e, args=(a,), ty=Type.array("u8", at.length))  # type: ignore
 

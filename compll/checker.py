@@ -18,7 +18,7 @@ from . import calls, ir
 from .builtins import BUILTINS, OPERATORS, Builtin, Kind, OpKind, of_kind
 from .diagnostics import DslTypeError, LayoutError, SourceMap
 from .interpreter import eval_constant
-from .ir import FLOATS, SCALARS, Length, Pos, Type
+from .ir import FLOATS, SCALARS, Length, LengthKind, Pos, Type, TypeKind
 from .typing_rules import arith_elem, is_numeric, promote_one
 
 __all__ = ["Checker", "section_type_in_decode"]
@@ -61,12 +61,12 @@ class Checker:
     # -- lengths --------------------------------------------------------------------------
     def fresh_length(self, what: str, pos: Pos) -> Length:
         self.fresh += 1
-        return Length("sym", name=f"{what}@{pos.line}:{pos.column}")
+        return Length(LengthKind.SYM, name=f"{what}@{pos.line}:{pos.column}")
 
     def length_of_scalar(self, expr: ir.Expr) -> Length:
         """The array length that the value of a scalar expression stands for."""
         if isinstance(expr, ir.Const) and isinstance(expr.value, int):
-            return Length("const", int(expr.value))
+            return Length(LengthKind.CONST, int(expr.value))
         if isinstance(expr, ir.Call) and expr.fn == "size" and expr.args:
             ty = expr.args[0].ty
             if ty is not None and ty.length is not None:
@@ -76,7 +76,7 @@ class Checker:
                 return self.scope.lengths[expr.name]
             if expr.name in self.scope.values:
                 return self.length_of_scalar(self.scope.values[expr.name])
-            return Length("sym", name=f"{self.scope.fn}:{expr.name}")
+            return Length(LengthKind.SYM, name=f"{self.scope.fn}:{expr.name}")
         return self.fresh_length("len", expr.pos)
 
     def same_length(self, a: Type, b: Type, pos: Pos) -> None:
@@ -89,17 +89,17 @@ class Checker:
     # -- top level ------------------------------------------------------------------------
     def resolve_type(self, ty: Type, pos: Pos, for_param: bool = False) -> Type:
         elem = ty.elem
-        if ty.kind == "named":
+        if ty.kind is TypeKind.NAMED:
             if elem == "bytes" and not for_param:
-                return Type("bytes")
+                return Type(TypeKind.BYTES)
             if elem in SCALARS:
                 return Type.scalar(elem)
             raise self.err(f"unknown type {elem!r}; use one of {', '.join(SCALARS)}", pos)
-        length = ty.length or Length("sym", name="?")
-        if length.kind == "sym" and length.name == "n":
-            length = Length("n")
+        length = ty.length or Length(LengthKind.SYM, name="?")
+        if length.kind is LengthKind.SYM and length.name == "n":
+            length = Length(LengthKind.N)
         if elem in ("u1", "u2", "u4"):
-            return Type("packed", "u8", length, bits=int(elem[1:]))
+            return Type(TypeKind.PACKED, "u8", length, bits=int(elem[1:]))
         if elem in SCALARS:
             return Type.array(elem, length)
         raise self.err(
@@ -134,7 +134,7 @@ class Checker:
             if e.name in BUILTINS or e.name in _REDUCE_OPS:
                 raise self.err(f"{e.name!r} is an operator; call it as {e.name}(...)", e.pos)
             raise self.err(f"undefined name {e.name!r}", e.pos)
-        if self.lambda_env is not None and ty.kind not in ("scalar",):
+        if self.lambda_env is not None and ty.kind not in (TypeKind.SCALAR,):
             raise self.err(
                 f"array {e.name!r} cannot be used inside a lambda; pass it to map as "
                 "another argument", e.pos,
@@ -143,12 +143,12 @@ class Checker:
 
     def value_type(self, e: ir.Expr, what: str) -> Type:
         assert e.ty is not None
-        if e.ty.kind not in ("scalar", "array"):
+        if e.ty.kind not in (TypeKind.SCALAR, TypeKind.ARRAY):
             raise self.err(f"{what} needs a number or an array of numbers, not {e.ty}", e.pos)
         return e.ty
 
     def broadcast(self, types: list[Type], elem: str, pos: Pos, literal: bool = False) -> Type:
-        arrays = [t for t in types if t.kind == "array"]
+        arrays = [t for t in types if t.kind is TypeKind.ARRAY]
         for other in arrays[1:]:
             self.same_length(arrays[0], other, pos)
         if arrays:
@@ -236,7 +236,7 @@ class Checker:
         finally:
             self.lambda_env = outer
         assert body.ty is not None
-        if body.ty.kind != "scalar":
+        if body.ty.kind is not TypeKind.SCALAR:
             raise self.err(f"a lambda must give one value per element, not {body.ty}", lam.pos)
         ty = Type.scalar(body.ty.elem)
         return dataclasses.replace(lam, body=body, ty=ty, param_types=params)
@@ -287,14 +287,15 @@ class Checker:
         self.scope.types[name] = Type(ty.kind, ty.elem, ty.length, ty.bits, ty.items)
 
     def annotation_matches(self, want: Type, got: Type) -> bool:
-        if got.kind == "packed" and got.bits == 8 and want.kind == "array" and want.elem == "u8":
-            want = Type("packed", "u8", want.length, bits=8)  # u8[n] names 8-bit packed data
+        if got.kind is TypeKind.PACKED and got.bits == 8 and want.kind is TypeKind.ARRAY \
+                and want.elem == "u8":
+            want = Type(TypeKind.PACKED, "u8", want.length, bits=8)  # u8[n] names 8-bit packed data
         if want.kind != got.kind or want.elem != got.elem or want.bits != got.bits:
             return False
-        if want.kind in ("array", "packed") and want.length is not None:
-            if want.length.kind == "sym" and want.length.name == "?":
+        if want.kind in (TypeKind.ARRAY, TypeKind.PACKED) and want.length is not None:
+            if want.length.kind is LengthKind.SYM and want.length.name == "?":
                 return True
-            if want.length.kind == "sym":
+            if want.length.kind is LengthKind.SYM:
                 return got.length == self.scope.lengths.get(want.length.name, want.length)
             return want.length == got.length
         return True
@@ -305,7 +306,7 @@ class Checker:
             return self.let_extract(s, decode_arg)
         checked = self.expr(value)
         assert checked.ty is not None
-        if checked.ty.kind == "tuple":
+        if checked.ty.kind is TypeKind.TUPLE:
             types: tuple[Type, ...] = checked.ty.items
         else:
             types = (checked.ty,)
@@ -318,7 +319,7 @@ class Checker:
                                       strict=True):
             if ann is not None:
                 want = self.resolve_type(ann, pos)
-                lit_ok = ty.literal and want.kind == "scalar" and is_numeric(want.elem)
+                lit_ok = ty.literal and want.kind is TypeKind.SCALAR and is_numeric(want.elem)
                 if not lit_ok and not self.annotation_matches(want, ty):
                     raise self.err(f"{name!r} is declared {want} but the value is {ty}", pos)
                 if lit_ok:
@@ -358,8 +359,8 @@ class Checker:
             self.bind(name, ty, pos)
             types.append(ty)
         checked = dataclasses.replace(
-            call, args=(dataclasses.replace(arg, ty=Type("bytes")),),
-            ty=Type("tuple", items=tuple(types)),
+            call, args=(dataclasses.replace(arg, ty=Type(TypeKind.BYTES)),),
+            ty=Type(TypeKind.TUPLE, items=tuple(types)),
         )
         return dataclasses.replace(s, value=checked)
 
@@ -369,12 +370,12 @@ class Checker:
         decode_arg = None
         if fn.name == "encode":
             (gname, _), = fn.args
-            self.scope = _Scope("encode", {gname: Type.array("f32", Length("n"))})
+            self.scope = _Scope("encode", {gname: Type.array("f32", Length(LengthKind.N))})
         else:
             (pname, _), (nname, _) = fn.args
             decode_arg = pname
-            self.scope = _Scope("decode", {pname: Type("bytes"), nname: _U32})
-            self.scope.lengths[nname] = Length("n")
+            self.scope = _Scope("decode", {pname: Type(TypeKind.BYTES), nname: _U32})
+            self.scope.lengths[nname] = Length(LengthKind.N)
         returned = False
         for stmt in fn.body:
             if returned:
@@ -399,11 +400,12 @@ class Checker:
             items = self.typed_args(value)
             self.layout = tuple(self.section(x) for x in items)
             return dataclasses.replace(
-                s, value=dataclasses.replace(value, args=items, ty=Type("bytes"))
+                s, value=dataclasses.replace(value, args=items, ty=Type(TypeKind.BYTES))
             )
         value = self.expr(s.value)
         assert value.ty is not None
-        if value.ty.kind != "array" or value.ty.elem != "f32" or value.ty.length != Length("n"):
+        if value.ty.kind is not TypeKind.ARRAY or value.ty.elem != "f32" \
+                or value.ty.length != Length(LengthKind.N):
             raise self.err(f"decode must return an f32 array of n elements, not {value.ty}",
                            s.value.pos)
         return dataclasses.replace(s, value=value)
@@ -411,21 +413,21 @@ class Checker:
     def section(self, x: ir.Expr) -> ir.Section:
         ty = x.ty
         assert ty is not None
-        if ty.kind == "scalar":
+        if ty.kind is TypeKind.SCALAR:
             if ty.elem == "bool":
                 raise self.err("a bool cannot go into a payload; cast it with u8(...)", x.pos)
             return ir.Section(Type.scalar(promote_one(ty.elem) if ty.literal else ty.elem))
-        if ty.kind == "array":
+        if ty.kind is TypeKind.ARRAY:
             if ty.elem == "bool":
                 raise self.err("bool arrays cannot go into a payload; pack(..., bits=1) them",
                                x.pos)
             assert ty.length is not None
-            if ty.length.kind == "blocks" and not _fixed(ty.length):
+            if ty.length.kind is LengthKind.BLOCKS and not _fixed(ty.length):
                 raise self.err("per-block values in a payload must cut n or a constant number "
                                "of elements into blocks", x.pos, LayoutError)
-            group = ty.length.name if ty.length.kind == "sym" else ""
+            group = ty.length.name if ty.length.kind is LengthKind.SYM else ""
             return ir.Section(ty, group)
-        if ty.kind == "packed":
+        if ty.kind is TypeKind.PACKED:
             assert ty.length is not None
             if not _fixed(ty.length):
                 raise self.err("a packed array in a payload must have n or a constant number "
@@ -436,14 +438,16 @@ class Checker:
 
 def _fixed(length: Length) -> bool:
     """Whether a length is known from n alone (n, a constant, or blocks of those)."""
-    if length.kind == "blocks":
+    if length.kind is LengthKind.BLOCKS:
         return length.base is not None and _fixed(length.base)
-    return length.kind in ("n", "const")
+    return length.kind in (LengthKind.N, LengthKind.CONST)
 
 
 def section_type_in_decode(section: ir.Section) -> Type:
     """The type decode sees for a section: run-time lengths become one symbol per group."""
     ty = section.ty
-    if ty.kind in ("array", "packed") and ty.length is not None and ty.length.kind == "sym":
-        return dataclasses.replace(ty, length=Length("sym", name=f"payload:{section.group}"))
+    if ty.kind in (TypeKind.ARRAY, TypeKind.PACKED) and ty.length is not None \
+            and ty.length.kind is LengthKind.SYM:
+        group = Length(LengthKind.SYM, name=f"payload:{section.group}")
+        return dataclasses.replace(ty, length=group)
     return ty

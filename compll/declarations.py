@@ -17,7 +17,7 @@ from . import ir
 from .builtins import BUILTINS
 from .checker import Checker
 from .diagnostics import SourceMap
-from .ir import INTS, Pos
+from .ir import INTS, Pos, TypeKind
 
 __all__ = ["check"]
 
@@ -29,13 +29,14 @@ def _signature_error(checker: Checker, fn: ir.Function) -> None:
     }[fn.name]
     ok = True
     if fn.name == "encode":
-        ok = (len(fn.args) == 1 and fn.args[0][1].kind == "named_array"
+        ok = (len(fn.args) == 1 and fn.args[0][1].kind is TypeKind.NAMED_ARRAY
               and fn.args[0][1].elem == "f32" and fn.returns.elem == "bytes"
-              and fn.returns.kind == "named")
+              and fn.returns.kind is TypeKind.NAMED)
     else:
-        ok = (len(fn.args) == 2 and fn.args[0][1].kind == "named" and fn.args[0][1].elem == "bytes"
-              and fn.args[1][1].kind == "named" and fn.args[1][1].elem == "u32"
-              and fn.returns.kind == "named_array" and fn.returns.elem == "f32")
+        ok = (len(fn.args) == 2 and fn.args[0][1].kind is TypeKind.NAMED
+              and fn.args[0][1].elem == "bytes"
+              and fn.args[1][1].kind is TypeKind.NAMED and fn.args[1][1].elem == "u32"
+              and fn.returns.kind is TypeKind.NAMED_ARRAY and fn.returns.elem == "f32")
     if not ok:
         raise checker.err(f"{fn.name} must be declared as '{want}'", fn.pos)
 
@@ -146,11 +147,11 @@ def _param(checker: Checker, item: ir.Param, overrides: dict[str, Any]) -> ir.Pa
     if item.name in checker.param_types or item.name in BUILTINS:
         raise checker.err(f"parameter {item.name!r} is already defined", item.pos)
     ty = checker.resolve_type(item.ty, item.pos, for_param=True)
-    if ty.kind != "scalar" or ty.elem in ("f16", "u8"):
+    if ty.kind is not TypeKind.SCALAR or ty.elem in ("f16", "u8"):
         raise checker.err("a parameter is f32, i32, u32 or bool", item.pos)
     default = checker.expr(item.default)
     assert default.ty is not None
-    if default.ty.kind != "scalar":
+    if default.ty.kind is not TypeKind.SCALAR:
         raise checker.err("a parameter's default must be a scalar", item.default.pos)
     value = checker.const_value(default)
     if item.name in overrides:
@@ -174,7 +175,7 @@ def _unknown_params(name: str, names: list[str], unknown: dict[str, Any]) -> Con
 def _require(checker: Checker, req: ir.Require, name: str) -> ir.Require:
     """A ``require``, checked and evaluated for the parameters' values."""
     cond = checker.expr(req.cond)
-    if cond.ty is None or cond.ty.kind != "scalar" or cond.ty.elem != "bool":
+    if cond.ty is None or cond.ty.kind is not TypeKind.SCALAR or cond.ty.elem != "bool":
         raise checker.err("require needs a bool condition", req.cond.pos)
     if not checker.const_value(cond):
         shown = ", ".join(f"{k}={v}" for k, v in checker.param_values.items())

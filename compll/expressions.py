@@ -23,8 +23,9 @@ from . import ir
 from .builtins import BUILTINS, OPERATORS, Kind
 from .diagnostics import BuildError
 from .interpreter import cast, eval_constant
+from .ir import TypeKind
 from .loops import uniform
-from .schedule import ArrayInfo, Extent, Kernel, Pass, extent_of
+from .schedule import ArrayInfo, ArrayKind, Extent, ExtentKind, Kernel, Pass, extent_of
 from .typing_rules import promote_one
 
 __all__ = ["ExprRenderer", "Scope"]
@@ -144,7 +145,7 @@ class ExprRenderer:
 
     def as_elem(self, e: ir.Expr, elem: str, sc: Scope) -> str:
         assert e.ty is not None
-        if isinstance(e, ir.Const) and e.ty.kind == "scalar":
+        if isinstance(e, ir.Const) and e.ty.kind is TypeKind.SCALAR:
             return self.literal(e.value, elem)
         if not isinstance(e, ir.Var) and uniform(e, sc.lambdas, self.arrays, self.scalars,
                                                   self.params, locals_ok=False):
@@ -173,7 +174,7 @@ class ExprRenderer:
             return sc.lambdas[e.name]
         if e.name in self.arrays:
             arr = self.arrays[e.name]
-            if arr.kind == "packed":
+            if arr.kind is ArrayKind.PACKED:
                 raise BuildError(f"packed array {e.name!r} is only readable through unpack")
             if sc.loop is not None and e.name in sc.loop.inline:
                 assert arr.value is not None
@@ -317,16 +318,16 @@ class ExprRenderer:
             raise BuildError(str(exc.args[0])) from None
 
     def extent(self, x: Extent, sc: Scope = ONCE) -> str:
-        if x.kind == "n":
+        if x.kind is ExtentKind.N:
             return "n"
-        if x.kind == "buffer":
+        if x.kind is ExtentKind.BUFFER:
             return f"a_{self.safe(x.name)}_len"
-        if x.kind == "packed":
+        if x.kind is ExtentKind.PACKED:
             return f"pk_{self.safe(x.name)}_len"
-        if x.kind == "section":
+        if x.kind is ExtentKind.SECTION:
             return f"cnt[{x.index}]"
-        if x.kind == "blocks":
+        if x.kind is ExtentKind.BLOCKS:
             assert x.base is not None
             return f"hp::blocks({self.extent(x.base, sc)}, {x.block})"
-        assert x.kind == "iota" and x.count is not None
+        assert x.kind is ExtentKind.IOTA and x.count is not None
         return f"(uint64_t)std::max<int64_t>(0, (int64_t)({self.expr(x.count, sc)}))"

@@ -20,6 +20,7 @@ from hipress.errors import PayloadError
 from . import ir, payload, rng
 from .builtins import BUILTINS, OPERATORS, Kind
 from .constants import NONFINITE, SUM_BLOCK, SUM_CHUNK, SUM_LANES
+from .ir import LengthKind, TypeKind
 from .typing_rules import DTYPES, promote_one
 
 __all__ = ["Packed", "encode", "decode", "eval_constant", "SUM_CHUNK", "SUM_LANES", "SUM_BLOCK"]
@@ -330,7 +331,7 @@ class _Frame:
     def op_reduce(self, e: ir.Call) -> np.ndarray:
         assert e.ty is not None and isinstance(e.args[1], ir.Var)
         x = self.keyed(e, self.eval(e.args[0]))
-        if e.ty.kind == "array":
+        if e.ty.kind is TypeKind.ARRAY:
             length = e.ty.length
             assert length is not None and length.base is not None
             self.counts[length.base] = x.size
@@ -356,16 +357,16 @@ class _Frame:
 
     def count_of(self, length: ir.Length | None) -> int:
         assert length is not None
-        if length.kind == "n":
+        if length.kind is LengthKind.N:
             return self.n
-        if length.kind == "const":
+        if length.kind is LengthKind.CONST:
             return length.value
         return self.counts[length]  # a run-time length some reduce cut into blocks
 
     def indexed(self, e: ir.Call, idx: np.ndarray, values: np.ndarray) -> Any:
         idx = idx.astype(np.uint32)
         assert e.ty is not None
-        return (idx, values) if e.ty.kind == "tuple" else values
+        return (idx, values) if e.ty.kind is TypeKind.TUPLE else values
 
     def op_filter(self, e: ir.Call) -> Any:
         a = self.eval(e.args[0])
@@ -444,7 +445,7 @@ def _run(frame: _Frame, fn: ir.Function) -> Any:
                 return stmt.value
             value = frame.eval(stmt.value)
             assert stmt.value.ty is not None
-            if stmt.value.ty.kind == "tuple":
+            if stmt.value.ty.kind is TypeKind.TUPLE:
                 frame.env.update(zip(stmt.names, value, strict=True))
             else:
                 frame.env[stmt.names[0]] = value
@@ -479,12 +480,12 @@ def decode(program: ir.Program, data: np.ndarray, n: int) -> np.ndarray:
     values: list[Any] = []
     for section, buf, count in zip(program.layout, raw, counts, strict=True):
         ty = section.ty
-        if ty.kind == "packed":
+        if ty.kind is TypeKind.PACKED:
             values.append(Packed(buf.copy(), ty.bits, count))
             continue
         dtype = np.dtype(DTYPES[ty.elem]).newbyteorder("<")
         arr: np.ndarray = np.frombuffer(buf.tobytes(), dtype=dtype).astype(DTYPES[ty.elem])
-        values.append(np.asarray(arr[0]) if ty.kind == "scalar" else arr)
+        values.append(np.asarray(arr[0]) if ty.kind is TypeKind.SCALAR else arr)
     frame = _Frame(dict(program.param_values), header.seed, header.step, decoding=True,
                    sections=tuple(values))
     (_, _), (nname, _) = program.decode.args

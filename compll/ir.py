@@ -7,13 +7,15 @@ Interpreter and code generators consume only checked trees.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 
 __all__ = [
-    "Pos", "Length", "Type", "Expr", "Const", "Var", "Unary", "Binary", "Select",
-    "Call", "Lambda", "Let", "Return", "Stmt", "Function", "Param", "Require",
+    "Pos", "LengthKind", "Length", "TypeKind", "Type", "Expr", "Const", "Var", "Unary",
+    "Binary", "Select", "Call", "Lambda", "Let", "Return", "Stmt", "Function", "Param", "Require",
     "Unbiased", "Section", "Program",
-    "SCALARS", "FLOATS", "INTS", "BOOL", "PACKED_BITS", "operands", "show",
+    "SCALARS", "FLOATS", "INTS", "BOOL", "PACKED_BITS", "operands", "show", "shape", "calls",
 ]
 
 SCALARS = ("f32", "f16", "i32", "u32", "u8", "bool")
@@ -31,42 +33,52 @@ class Pos:
     column: int
 
 
+class LengthKind(StrEnum):
+    """What an array's length is (``Length.kind``)."""
+
+    N = "n"  # the tensor's length
+    CONST = "const"  # ``value`` elements
+    BLOCKS = "blocks"  # one element per block of ``value`` elements of ``base``
+    SYM = "sym"  # computed at run time, identified by ``name``
+
+
 @dataclass(frozen=True)
 class Length:
-    """The symbolic length of an array.
+    """The symbolic length of an array (``LengthKind``). Two arrays may be combined
+    elementwise only when their lengths are equal."""
 
-    ``kind`` is ``"n"`` (the tensor length), ``"const"`` (``value`` elements),
-    ``"blocks"`` (one element per block of ``value`` elements of ``base``) or ``"sym"``:
-    a length computed at run time, identified by ``name``. Two arrays
-    may be combined elementwise only when their lengths are equal.
-    """
-
-    kind: str
+    kind: LengthKind
     value: int = 0  # "const": the count; "blocks": the block size (0: one block)
     name: str = ""
     base: Length | None = None  # "blocks": the length cut into blocks
 
     def __str__(self) -> str:
-        if self.kind == "n":
+        if self.kind is LengthKind.N:
             return "n"
-        if self.kind == "const":
+        if self.kind is LengthKind.CONST:
             return str(self.value)
-        if self.kind == "blocks":
+        if self.kind is LengthKind.BLOCKS:
             return f"ceil({self.base} / {self.value})" if self.value else "1"
         return self.name
 
 
+class TypeKind(StrEnum):
+    """What a CompLL type is (``Type.kind``)."""
+
+    SCALAR = "scalar"
+    ARRAY = "array"
+    PACKED = "packed"  # a bit-packed unsigned array of ``bits`` bits
+    BYTES = "bytes"  # a payload
+    TUPLE = "tuple"  # ``items``
+    NAMED = "named"  # a scalar annotation as written (``elem`` names it), before checking
+    NAMED_ARRAY = "named_array"  # an array annotation as written, before checking
+
+
 @dataclass(frozen=True)
 class Type:
-    """A CompLL type.
+    """A CompLL type (``TypeKind``)."""
 
-    ``kind`` is one of ``scalar``, ``array``, ``packed`` (a bit-packed unsigned
-    array of ``bits`` bits), ``bytes`` (a payload), ``tuple`` (``items``),
-    ``func`` (a lambda or builtin passed as an argument) or ``op`` (a reduction
-    operator such as ``sum``).
-    """
-
-    kind: str
+    kind: TypeKind
     elem: str = ""
     length: Length | None = None
     bits: int = 0
@@ -74,23 +86,23 @@ class Type:
     literal: bool = False  # an untyped numeric literal that adapts to the other operand
 
     def __str__(self) -> str:
-        if self.kind == "scalar":
+        if self.kind is TypeKind.SCALAR:
             return self.elem
-        if self.kind == "array":
+        if self.kind is TypeKind.ARRAY:
             return f"{self.elem}[{self.length}]"
-        if self.kind == "packed":
+        if self.kind is TypeKind.PACKED:
             return f"u{self.bits}[{self.length}]"
-        if self.kind == "tuple":
+        if self.kind is TypeKind.TUPLE:
             return "(" + ", ".join(str(t) for t in self.items) + ")"
         return self.kind
 
     @staticmethod
     def scalar(elem: str, literal: bool = False) -> Type:
-        return Type("scalar", elem, literal=literal)
+        return Type(TypeKind.SCALAR, elem, literal=literal)
 
     @staticmethod
     def array(elem: str, length: Length) -> Type:
-        return Type("array", elem, length)
+        return Type(TypeKind.ARRAY, elem, length)
 
 
 @dataclass(frozen=True)
@@ -280,3 +292,27 @@ def show(e: Expr | None) -> str:
         return f"{params} -> {show(e.body)}"
     args = [show(a) for a in e.args] + [f"{k}={show(v)}" for k, v in e.kwargs]
     return f"{e.fn}({', '.join(args)})"
+
+
+def shape(node: object) -> object:
+    """An IR node's structure without source positions and types: two reductions over
+    the same elements have the same shape."""
+    if isinstance(node, (list, tuple)):
+        return tuple(shape(x) for x in node)
+    if dataclasses.is_dataclass(node):
+        return (type(node).__name__, *(shape(getattr(node, f.name))
+                                       for f in dataclasses.fields(node)
+                                       if f.name not in ("pos", "ty", "operand_ty",
+                                                         "param_types", "annotation_pos")))
+    return node
+
+
+def calls(node: object, fn: str) -> bool:
+    """Whether any call of ``fn`` appears in an IR node (or a list of nodes)."""
+    if isinstance(node, Call) and node.fn == fn:
+        return True
+    if isinstance(node, (list, tuple)):
+        return any(calls(x, fn) for x in node)
+    if dataclasses.is_dataclass(node):
+        return any(calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
+    return False

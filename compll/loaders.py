@@ -42,6 +42,7 @@ from hipress.errors import ConfigError, HiPressError, PayloadError
 from . import ir
 from .build import Artifact, build
 from .constants import FEEDBACK, SCALE_SUM
+from .ir import LengthKind, TypeKind
 from .payload import algorithm_id, fixed_count, header_size, size_rule
 from .reference import RefKernel
 
@@ -67,7 +68,7 @@ def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
     for section in program.layout:
         ty = section.ty
         count = 1
-        if ty.kind != "scalar":
+        if ty.kind is not TypeKind.SCALAR:
             assert ty.length is not None
             fixed = fixed_count(ty.length, n)
             count = dynamic_elems if fixed is None else fixed
@@ -76,7 +77,8 @@ def payload_size_hint(program: ir.Program, n: int, dynamic_elems: int) -> int:
 
 
 def _dynamic(program: ir.Program) -> bool:
-    return any(s.ty.length is not None and s.ty.length.kind == "sym" for s in program.layout)
+    return any(s.ty.length is not None and s.ty.length.kind is LengthKind.SYM
+               for s in program.layout)
 
 
 class Kernel:

@@ -13,8 +13,10 @@ from collections.abc import Iterator, Mapping
 from . import ir
 from .builtins import BUILTINS, Kind
 from .constants import MAX_STAGED, SUM_CHUNK
+from .ir import LengthKind, TypeKind
 from .schedule import (
     ArrayInfo,
+    ArrayKind,
     BindSections,
     BlockReduce,
     CheckInputOp,
@@ -57,7 +59,7 @@ def uniform(e: ir.Expr, bound: frozenset[str] | Mapping[str, str],
     interpreter can fold it); otherwise scalar locals and ``size`` count as well.
     ``bound``: the lambda parameters in scope (never uniform).
     """
-    if e.ty is None or e.ty.kind != "scalar":
+    if e.ty is None or e.ty.kind is not TypeKind.SCALAR:
         return False
     if isinstance(e, ir.Const):
         return True
@@ -196,7 +198,8 @@ def block_arrays(items: list[Item], arrays: Mapping[str, ArrayInfo],
         elif isinstance(item, BindSections):
             for name, section in zip(item.names, layout, strict=True):
                 length = section.ty.length
-                if section.ty.elem == "f32" and length is not None and length.kind == "blocks":
+                if section.ty.elem == "f32" and length is not None \
+                        and length.kind is LengthKind.BLOCKS:
                     out.add(name)
     return frozenset(out)
 
@@ -231,7 +234,7 @@ class _Reads:
              ) -> Iterator[tuple[str, str, int]]:
         if isinstance(e, ir.Var):
             arr = self.arrays.get(e.name)
-            if e.name in bound or arr is None or arr.kind == "packed":
+            if e.name in bound or arr is None or arr.kind is ArrayKind.PACKED:
                 return
             if self.expanding and expands(e, self.arrays, self.blocks):
                 assert arr.value is not None
@@ -339,7 +342,7 @@ def mark_outputs(items: list[Item], fn: str, settles: bool) -> list[Item]:
         if isinstance(item, Lazy):
             length = item.value.ty.length if item.value.ty is not None else None
             item = dataclasses.replace(item, materialize=length is not None
-                                       and length.kind == "blocks")
+                                       and length.kind is LengthKind.BLOCKS)
         if settles and isinstance(item, Pass) and [type(op) for op in item.ops] == [WriteOut]:
             item = dataclasses.replace(item, settle=True)
         out.append(item)

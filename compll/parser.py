@@ -96,17 +96,17 @@ class _ToIR(Transformer):
 
     def type(self, meta, children):
         (name,) = children
-        return ir.Type("named", str(name))
+        return ir.Type(ir.TypeKind.NAMED, str(name))
 
     def array_type(self, meta, children):
         name, length = children
         if length is None:
-            size = ir.Length("sym", name="?")
+            size = ir.Length(ir.LengthKind.SYM, name="?")
         elif isinstance(length, Token) and length.type == "INT":
-            size = ir.Length("const", int(str(length), 0))
+            size = ir.Length(ir.LengthKind.CONST, int(str(length), 0))
         else:
-            size = ir.Length("sym", name=str(length))
-        return ir.Type("named_array", str(name), size)
+            size = ir.Length(ir.LengthKind.SYM, name=str(length))
+        return ir.Type(ir.TypeKind.NAMED_ARRAY, str(name), size)
 
     def lambda_(self, meta, children):
         name, body = children

@@ -11,7 +11,7 @@ import dataclasses
 
 from . import ir
 from .constants import SUM_CHUNK
-from .ir import FLOATS
+from .ir import FLOATS, shape
 from .schedule import (
     ArrayInfo,
     BlockReduce,
@@ -36,7 +36,6 @@ from .schedule import (
     TakeInput,
     TakeInputOp,
     extent_of,
-    shape,
 )
 
 __all__ = ["merge_extremes", "merge_block_extremes", "fuse_blockwise", "place_input"]
@@ -56,9 +55,9 @@ def _merged_extremes(item: Pass) -> Pass:
             where = (shape(op.array), shape(op.key))
             j = seen.get(where)
             first = ops[j] if j is not None else None
-            if isinstance(first, Extreme) and first.kind != op.kind \
+            if isinstance(first, Extreme) and first.op != op.op \
                     and first.direct == op.direct:
-                lo, hi = (op.out, first.out) if op.kind == "min" else (first.out, op.out)
+                lo, hi = (op.out, first.out) if op.op == "min" else (first.out, op.out)
                 assert j is not None
                 ops[j] = MinMax(lo, hi, first.array, first.key, first.direct)
                 del seen[where]

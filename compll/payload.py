@@ -36,7 +36,7 @@ import numpy as np
 from hipress.errors import PayloadError
 
 from .constants import ALIGN, HEADER_SIZE, MAGIC, NONFINITE, VERSION
-from .ir import Length, Program, Section, Type
+from .ir import Length, LengthKind, Program, Section, Type, TypeKind
 from .typing_rules import ITEMSIZE
 
 __all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "NONFINITE", "Header", "SizeRule", "algorithm_id",
@@ -80,17 +80,17 @@ class SizeRule:
 
 def size_rule(ty: Type) -> SizeRule:
     """The size rule of a section of type ``ty`` (a scalar holds one element)."""
-    return SizeRule(ty.bits if ty.kind == "packed" else 8 * ITEMSIZE[ty.elem])
+    return SizeRule(ty.bits if ty.kind is TypeKind.PACKED else 8 * ITEMSIZE[ty.elem])
 
 
 def fixed_count(length: Length, n: int) -> int | None:
     """Elements of a section of ``length`` for a tensor of ``n``; None when the count is
     known only at run time (the renderer's ``fixed_count`` is the same rule in C)."""
-    if length.kind == "n":
+    if length.kind is LengthKind.N:
         return n
-    if length.kind == "const":
+    if length.kind is LengthKind.CONST:
         return length.value
-    if length.kind == "blocks":
+    if length.kind is LengthKind.BLOCKS:
         assert length.base is not None
         base = fixed_count(length.base, n)
         if base is None:
@@ -164,7 +164,7 @@ def section_count(section: Section, size: int, n: int) -> int:
     """Elements in a section of ``size`` bytes, or PayloadError if the size is wrong."""
     ty = section.ty
     rule = size_rule(ty)
-    if ty.kind == "scalar":
+    if ty.kind is TypeKind.SCALAR:
         want = rule.bytes(1)
         if size != want:
             raise PayloadError(f"a {ty.elem} section must be {want} bytes, not {size}")
@@ -172,13 +172,13 @@ def section_count(section: Section, size: int, n: int) -> int:
     assert ty.length is not None
     fixed = fixed_count(ty.length, n)
     if fixed is not None:
-        what = f"u{ty.bits}" if ty.kind == "packed" else ty.elem
+        what = f"u{ty.bits}" if ty.kind is TypeKind.PACKED else ty.elem
         if size != rule.bytes(fixed):
             raise PayloadError(
                 f"a {what}[{fixed}] section must be {rule.bytes(fixed)} bytes, not {size}"
             )
         return fixed
-    assert ty.kind != "packed"  # the checker allows only fixed-length packed sections
+    assert ty.kind is not TypeKind.PACKED  # the checker allows only fixed-length packed sections
     item = ITEMSIZE[ty.elem]
     if size % item:
         raise PayloadError(f"a {ty.elem} array section of {size} bytes is not whole elements")

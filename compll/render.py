@@ -285,7 +285,7 @@ class CRenderer(SectionRenderer):
 
     def op_extreme(self, op: sch.Extreme, loop: sch.Pass) -> str:
         c = self.scalars[op.out]
-        is_max = "true" if op.kind == "max" else "false"
+        is_max = "true" if op.op == "max" else "false"
         if op.operand in FLOATS:
             fn = self.keyed_fn(op.array, op.key, "f32", loop)
             return (f"hp::extreme_f32<{is_max}{', true' if op.direct else ''}>({fn}, &{c}"

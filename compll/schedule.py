@@ -11,20 +11,20 @@ Every node is a frozen dataclass, as the IR's are: a scheduling step returns new
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from . import ir
 from .builtins import BUILTINS, Kind
-from .ir import show
+from .ir import TypeKind, shape, show
 
-__all__ = ["Options", "Extent", "ArrayInfo", "Kernel", "Item", "LoopOp", "Pass", "Scalar",
-           "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce", "TakeInput",
-           "EncodeInput", "PayloadSizes", "ScalarSection", "PackedSection", "CheckSections",
-           "BindSections", "ScatterOut", "StreamKeys", "Return", "Sum", "Extreme", "MinMax",
-           "Store", "PackStore", "TakeInputOp", "CheckInputOp", "WriteOut", "N", "extent_of",
-           "shape", "calls", "format_kernel"]
+__all__ = ["Options", "ExtentKind", "ArrayKind", "Extent", "ArrayInfo", "Kernel", "Item",
+           "LoopOp", "Pass", "Scalar", "Lazy", "Selection", "Scatter", "PackLet", "BlockReduce",
+           "TakeInput", "EncodeInput", "PayloadSizes", "ScalarSection", "PackedSection",
+           "CheckSections", "BindSections", "ScatterOut", "StreamKeys", "Return", "Sum",
+           "Extreme", "MinMax", "Store", "PackStore", "TakeInputOp", "CheckInputOp", "WriteOut",
+           "N", "extent_of", "format_kernel"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,29 @@ class Options:
 
 # -- extents and arrays -------------------------------------------------------------------------
 
+class ExtentKind(StrEnum):
+    """Whose element count an ``Extent`` is."""
+
+    N = "n"  # the tensor's
+    BUFFER = "buffer"  # a barrier's output buffer (``name``)
+    PACKED = "packed"  # a packed let's (``name``)
+    SECTION = "section"  # payload section ``index``'s
+    IOTA = "iota"  # ``max(0, count)``
+    BLOCKS = "blocks"  # ``ceil(base / block)``
+
+
+class ArrayKind(StrEnum):
+    """How an array is read: ``lazy`` per element, ``packed`` through ``unpack``."""
+
+    LAZY = "lazy"
+    PACKED = "packed"
+
+
 @dataclass(frozen=True)
 class Extent:
-    """An element count: ``n``; a buffer's (``name``); a packed let's; payload section
-    ``index``'s; ``max(0, count)`` of an iota; or ``ceil(base / block)`` blocks."""
+    """An element count (``ExtentKind``)."""
 
-    kind: str  # "n", "buffer", "packed", "section", "iota", "blocks"
+    kind: ExtentKind
     name: str = ""
     index: int = 0
     count: ir.Expr | None = field(default=None, compare=False)
@@ -64,26 +81,26 @@ class Extent:
     block: int = 0
 
     def __str__(self) -> str:
-        if self.kind == "n":
+        if self.kind is ExtentKind.N:
             return "n"
-        if self.kind == "iota":
+        if self.kind is ExtentKind.IOTA:
             assert self.count is not None
             return f"iota({show(self.count)})"
-        if self.kind == "section":
+        if self.kind is ExtentKind.SECTION:
             return f"section{self.index}"
-        if self.kind == "blocks":
+        if self.kind is ExtentKind.BLOCKS:
             return f"blocks({self.base}, {self.block})"
         return f"len({self.name})"
 
 
-N = Extent("n")
+N = Extent(ExtentKind.N)
 
 
 @dataclass(frozen=True)
 class ArrayInfo:
     """An array name: ``lazy`` (evaluated per element) or ``packed`` (bits in a buffer)."""
 
-    kind: str
+    kind: ArrayKind
     elem: str
     extent: Extent
     value: ir.Expr | None = None  # what a lazy array computes; None: a plain load
@@ -98,21 +115,21 @@ def extent_of(e: ir.Expr, arrays: Mapping[str, ArrayInfo]) -> Extent:
         return arrays[e.name].extent
     if isinstance(e, ir.Call):
         if e.fn == "iota":
-            return Extent("iota", count=e.args[0], key=shape(e.args[0]))
+            return Extent(ExtentKind.IOTA, count=e.args[0], key=shape(e.args[0]))
         if e.fn == "gather":
             return extent_of(e.args[1], arrays)
         if e.fn == "expand":
             inner = extent_of(e.args[0], arrays)
-            assert inner.kind == "blocks" and inner.base is not None
+            assert inner.kind is ExtentKind.BLOCKS and inner.base is not None
             return inner.base
         spec = BUILTINS[e.fn]
         if e.fn in ("map", "unpack", "pack") or spec.kind in (Kind.CAST, Kind.ELEMENTWISE):
             for a in e.args:
-                if a.ty is not None and a.ty.kind in ("array", "packed"):
+                if a.ty is not None and a.ty.kind in (TypeKind.ARRAY, TypeKind.PACKED):
                     return extent_of(a, arrays)
     if isinstance(e, (ir.Unary, ir.Binary, ir.Select)):
         for a in ir.operands(e):
-            if a.ty is not None and a.ty.kind == "array":
+            if a.ty is not None and a.ty.kind is TypeKind.ARRAY:
                 return extent_of(a, arrays)
     raise KeyError(f"cannot tell the length of {type(e).__name__}")
 
@@ -139,7 +156,7 @@ class Extreme:
     """``out = max`` (or ``min``) of ``key(array[i])``."""
 
     out: str
-    kind: str  # "max" or "min"
+    op: str  # "max" or "min"
     array: ir.Expr
     key: ir.Lambda | None
     operand: str
@@ -390,33 +407,9 @@ class Kernel:
 
 # -- helpers ------------------------------------------------------------------------------------
 
-def shape(node: object) -> object:
-    """An IR node's structure without source positions and types: two reductions over
-    the same elements have the same shape."""
-    if isinstance(node, (list, tuple)):
-        return tuple(shape(x) for x in node)
-    if dataclasses.is_dataclass(node):
-        return (type(node).__name__, *(shape(getattr(node, f.name))
-                                       for f in dataclasses.fields(node)
-                                       if f.name not in ("pos", "ty", "operand_ty",
-                                                         "param_types", "annotation_pos")))
-    return node
-
-
-def calls(node: object, fn: str) -> bool:
-    """Whether any call of ``fn`` appears in an IR node (or a list of nodes)."""
-    if isinstance(node, ir.Call) and node.fn == fn:
-        return True
-    if isinstance(node, (list, tuple)):
-        return any(calls(x, fn) for x in node)
-    if dataclasses.is_dataclass(node):
-        return any(calls(getattr(node, f.name), fn) for f in dataclasses.fields(node))
-    return False
-
-
 def _show_op(op: LoopOp) -> str:
     if isinstance(op, (Sum, Extreme)):
-        what = "sum" if isinstance(op, Sum) else op.kind
+        what = "sum" if isinstance(op, Sum) else op.op
         key = f", key={show(op.key)}" if op.key is not None else ""
         direct = " direct" if op.direct else ""
         watch = ", and the non-finite flag of g" if op.watch else ""

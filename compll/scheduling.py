@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import StrEnum
 
 from . import ir
 from .builtins import BUILTINS, Kind
-from .ir import FLOATS
+from .ir import FLOATS, TypeKind, calls
 from .loops import block_arrays, hoist_invariants, mark_outputs, stage_passes
 from .passes import fuse_blockwise, merge_block_extremes, merge_extremes, place_input
 from .schedule import (
     ArrayInfo,
+    ArrayKind,
     BindSections,
     BlockReduce,
     CheckSections,
     EncodeInput,
     Extent,
+    ExtentKind,
     Extreme,
     Item,
     Kernel,
@@ -53,7 +56,6 @@ from .schedule import (
     Store,
     Sum,
     WriteOut,
-    calls,
     extent_of,
 )
 
@@ -63,6 +65,15 @@ __all__ = ["schedule", "fuse", "merge_extremes", "merge_block_extremes", "fuse_b
 
 # -- program order ------------------------------------------------------------------------------
 
+class _How(StrEnum):
+    """How ``fuse`` may place an item."""
+
+    LOOP = "loop"  # a loop op: joins the open pass over its extent
+    FREE = "free"  # may run early, before the open pass, if it needs none of its results
+    BARRIER = "barrier"  # closes the open pass if it needs its results
+    AFTER = "after"  # after every pass
+
+
 @dataclass
 class _Placed:
     """An unfused item with what it reads and writes, for ``fuse``."""
@@ -70,7 +81,7 @@ class _Placed:
     item: Item
     reads: set[str]
     writes: set[str]
-    how: str  # "loop", "free" (may run early), "barrier", "after" (after every pass)
+    how: _How
 
 
 class _Builder:
@@ -102,7 +113,7 @@ class _Builder:
             out |= self.deps_of(child)
         return out
 
-    def put(self, item: Item, how: str, reads: set[str], writes: tuple[str, ...] = ()) -> None:
+    def put(self, item: Item, how: _How, reads: set[str], writes: tuple[str, ...] = ()) -> None:
         for name in writes:
             self.deps[name] = set(reads)
         self.out.append(_Placed(item, reads, set(writes), how))
@@ -123,7 +134,7 @@ class _Builder:
             if e.name in bound or e.name in self.scalars or e.name in self.params:
                 return True
             arr = self.arrays.get(e.name)
-            return (arr is not None and arr.kind == "lazy"
+            return (arr is not None and arr.kind is ArrayKind.LAZY
                     and (arr.value is None or self.cheap(arr.value)))
         if isinstance(e, (ir.Unary, ir.Binary)):
             return e.op in _CHEAP_OPS and all(self.cheap(x, bound) for x in ir.operands(e))
@@ -135,7 +146,8 @@ class _Builder:
         return False
 
     def buffer(self, name: str, elem: str) -> None:
-        self.arrays[name] = ArrayInfo("lazy", elem, Extent("buffer", name), buffer=True)
+        self.arrays[name] = ArrayInfo(ArrayKind.LAZY, elem, Extent(ExtentKind.BUFFER, name),
+                                      buffer=True)
 
     # -- statements ---------------------------------------------------------------------------
     def let(self, s: ir.Let) -> None:
@@ -145,12 +157,12 @@ class _Builder:
             getattr(self, "let_" + value.fn)(s, value)
             return
         (name,) = s.names
-        if value.ty.kind == "array":
-            self.arrays[name] = ArrayInfo("lazy", value.ty.elem, self.extent(value), value)
-            self.put(Lazy(name, value), "free", self.deps_of(value), (name,))
+        if value.ty.kind is TypeKind.ARRAY:
+            self.arrays[name] = ArrayInfo(ArrayKind.LAZY, value.ty.elem, self.extent(value), value)
+            self.put(Lazy(name, value), _How.FREE, self.deps_of(value), (name,))
             return
         self.scalars[name] = value.ty.elem
-        self.put(Scalar(name, value, value.ty.elem), "free", self.deps_of(value), (name,))
+        self.put(Scalar(name, value, value.ty.elem), _How.FREE, self.deps_of(value), (name,))
 
     def let_reduce(self, s: ir.Let, e: ir.Call) -> None:
         (name,) = s.names
@@ -162,13 +174,12 @@ class _Builder:
         deps = self.deps_of(e)
         direct = (operand in FLOATS and self.options.direct_reductions and self.cheap(a)
                   and (key is None or self.cheap(key)))
-        if e.ty.kind == "array":  # blockwise
+        if e.ty.kind is TypeKind.ARRAY:  # blockwise
             self.buffer(name, e.ty.elem)
-            self.arrays[name] = dataclasses.replace(self.arrays[name],
-                                                    extent=Extent("blocks", base=self.extent(a),
-                                                                  block=_block(e)))
+            blocks = Extent(ExtentKind.BLOCKS, base=self.extent(a), block=_block(e))
+            self.arrays[name] = dataclasses.replace(self.arrays[name], extent=blocks)
             self.put(BlockReduce(name, op.name, a, key, operand, e.ty.elem, _block(e), direct),
-                     "barrier", deps, (name,))
+                     _How.BARRIER, deps, (name,))
             return
         out = e.ty.elem
         self.scalars[name] = out
@@ -177,17 +188,17 @@ class _Builder:
             loop = Sum(name, a, key, operand, out, direct)
         else:
             loop = Extreme(name, op.name, a, key, operand, out, direct)
-        self.put(Pass(self.extent(a), (loop,)), "loop", deps, (name,))
+        self.put(Pass(self.extent(a), (loop,)), _How.LOOP, deps, (name,))
 
     def let_selection(self, s: ir.Let, e: ir.Call) -> None:
         assert e.ty is not None and e.args[0].ty is not None
-        with_index = e.ty.kind == "tuple"
+        with_index = e.ty.kind is TypeKind.TUPLE
         names = list(s.names)
         self.buffer(names[-1], e.args[0].ty.elem)
         if with_index:  # as long as the values: loops over both are one pass
-            self.arrays[names[0]] = ArrayInfo("lazy", "u32", Extent("buffer", names[-1]),
-                                              buffer=True)
-        self.put(Selection(s.names, e, with_index), "barrier", self.deps_of(e), s.names)
+            self.arrays[names[0]] = ArrayInfo(ArrayKind.LAZY, "u32",
+                                              Extent(ExtentKind.BUFFER, names[-1]), buffer=True)
+        self.put(Selection(s.names, e, with_index), _How.BARRIER, self.deps_of(e), s.names)
 
     let_filter = let_sort = let_topk = let_selection
 
@@ -195,19 +206,19 @@ class _Builder:
         (name,) = s.names
         assert e.ty is not None
         self.buffer(name, e.ty.elem)
-        self.put(Scatter(name, e, self.fn.name == "decode"), "barrier", self.deps_of(e),
+        self.put(Scatter(name, e, self.fn.name == "decode"), _How.BARRIER, self.deps_of(e),
                  (name,))
 
     def let_pack(self, s: ir.Let, e: ir.Call) -> None:
         (name,) = s.names
-        self.arrays[name] = ArrayInfo("packed", "u8", Extent("packed", name))
-        self.put(PackLet(name, e), "barrier", self.deps_of(e), (name,))
+        self.arrays[name] = ArrayInfo(ArrayKind.PACKED, "u8", Extent(ExtentKind.PACKED, name))
+        self.put(PackLet(name, e), _How.BARRIER, self.deps_of(e), (name,))
 
     # -- encode -------------------------------------------------------------------------------
     def encode(self) -> None:
         (gname, _), = self.fn.args
-        self.arrays[gname] = ArrayInfo("lazy", "f32", N)
-        self.put(EncodeInput(gname), "free", set(), (gname,))
+        self.arrays[gname] = ArrayInfo(ArrayKind.LAZY, "f32", N)
+        self.put(EncodeInput(gname), _How.FREE, set(), (gname,))
         for stmt in self.fn.body:
             if isinstance(stmt, ir.Let):
                 self.let(stmt)
@@ -219,33 +230,33 @@ class _Builder:
         sections = list(zip(ret.args, self.program.layout, strict=True))
         size_deps: set[str] = set()
         for x, sec in sections:
-            if sec.ty.kind != "scalar":
+            if sec.ty.kind is not TypeKind.SCALAR:
                 size_deps |= self.deps_of(x)
-        self.put(PayloadSizes(tuple(sections)), "barrier", size_deps)
+        self.put(PayloadSizes(tuple(sections)), _How.BARRIER, size_deps)
         later: list[Item] = []
         for k, (x, sec) in enumerate(sections):
             ty = sec.ty
-            if ty.kind == "scalar":
+            if ty.kind is TypeKind.SCALAR:
                 later.append(ScalarSection(k, x, ty.elem))
-            elif ty.kind == "packed" and isinstance(x, ir.Var):
+            elif ty.kind is TypeKind.PACKED and isinstance(x, ir.Var):
                 later.append(PackedSection(k, x.name))
-            elif ty.kind == "packed":
+            elif ty.kind is TypeKind.PACKED:
                 assert isinstance(x, ir.Call) and x.fn == "pack"
                 (a,) = x.args
                 assert a.ty is not None
                 op: LoopOp = PackStore(k, a, a.ty.elem, ty.bits)
-                self.put(Pass(self.extent(x), (op,)), "loop", self.deps_of(x))
+                self.put(Pass(self.extent(x), (op,)), _How.LOOP, self.deps_of(x))
             else:
-                self.put(Pass(self.extent(x), (Store(k, x, ty.elem),)), "loop", self.deps_of(x))
+                self.put(Pass(self.extent(x), (Store(k, x, ty.elem),)), _How.LOOP, self.deps_of(x))
         for item in later:
-            self.put(item, "after", set())
-        self.put(Return(), "after", set())
+            self.put(item, _How.AFTER, set())
+        self.put(Return(), _How.AFTER, set())
 
     # -- decode -------------------------------------------------------------------------------
     def decode(self) -> None:
         (_, _), (nname, _) = self.fn.args
         self.scalars[nname] = "u32"
-        self.put(CheckSections(), "free", set())
+        self.put(CheckSections(), _How.FREE, set())
         for stmt in self.fn.body:
             if isinstance(stmt, ir.Let):
                 value = stmt.value
@@ -259,20 +270,22 @@ class _Builder:
     def bind_sections(self, s: ir.Let) -> None:
         for k, (name, section) in enumerate(zip(s.names, self.program.layout, strict=True)):
             ty = section.ty
-            if ty.kind == "scalar":
+            if ty.kind is TypeKind.SCALAR:
                 self.scalars[name] = ty.elem
-            elif ty.kind == "packed":
-                self.arrays[name] = ArrayInfo("packed", "u8", Extent("section", index=k))
+            elif ty.kind is TypeKind.PACKED:
+                self.arrays[name] = ArrayInfo(ArrayKind.PACKED, "u8",
+                                              Extent(ExtentKind.SECTION, index=k))
             else:
-                self.arrays[name] = ArrayInfo("lazy", ty.elem, Extent("section", index=k))
-        self.put(BindSections(s.names), "free", set(), s.names)
+                self.arrays[name] = ArrayInfo(ArrayKind.LAZY, ty.elem,
+                                              Extent(ExtentKind.SECTION, index=k))
+        self.put(BindSections(s.names), _How.FREE, set(), s.names)
 
     def decode_return(self, value: ir.Expr) -> None:
         if isinstance(value, ir.Call) and value.fn == "scatter":
-            self.put(ScatterOut(value), "after", self.deps_of(value))
+            self.put(ScatterOut(value), _How.AFTER, self.deps_of(value))
         else:
-            self.put(Pass(N, (WriteOut(value),)), "loop", self.deps_of(value))
-        self.put(Return(), "after", set())
+            self.put(Pass(N, (WriteOut(value),)), _How.LOOP, self.deps_of(value))
+        self.put(Return(), _How.AFTER, set())
 
 
 _CHEAP_OPS = frozenset({"+", "-", "*", "<", "<=", ">", ">=", "==", "!=", "and", "or", "not"})
@@ -311,7 +324,7 @@ def fuse(placed: list[_Placed]) -> list[Item]:
 
     for p in placed:
         blocked = bool(p.reads & (pending | deferred_names))
-        if p.how == "loop":
+        if p.how is _How.LOOP:
             assert isinstance(p.item, Pass)
             if blocked or (extent is not None and extent != p.item.extent):
                 flush()
@@ -319,13 +332,13 @@ def fuse(placed: list[_Placed]) -> list[Item]:
                 extent = p.item.extent
             ops.extend(p.item.ops)
             pending.update(p.writes)
-        elif p.how == "free":
+        elif p.how is _How.FREE:
             if blocked:
                 deferred.append(p.item)
                 deferred_names.update(p.writes)
             else:
                 out.append(p.item)
-        elif p.how == "barrier":
+        elif p.how is _How.BARRIER:
             if blocked:
                 flush()
             out.append(p.item)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from . import ir
 from . import schedule as sch
 from .expressions import ONCE, ExprRenderer
+from .ir import LengthKind, TypeKind
 from .payload import size_rule
 from .typing_rules import ITEMSIZE
 
@@ -26,7 +27,7 @@ class SectionRenderer(ExprRenderer):
     # -- encode: the payload ------------------------------------------------------------------
     def section_size(self, x: ir.Expr, section: ir.Section) -> str:
         rule = size_rule(section.ty)
-        if section.ty.kind == "scalar":
+        if section.ty.kind is TypeKind.SCALAR:
             return str(rule.bytes(1))
         return rule.c(self.length(x))
 
@@ -81,7 +82,7 @@ class SectionRenderer(ExprRenderer):
         for k, section in enumerate(layout):
             ty = section.ty
             rule = size_rule(ty)
-            if ty.kind == "scalar":
+            if ty.kind is TypeKind.SCALAR:
                 want = rule.bytes(1)
                 self.emit(f"cnt[{k}] = 1;")
                 self.emit(f"if (sz[{k}] != {want}) return hp::fail(err, errcap, "
@@ -89,7 +90,7 @@ class SectionRenderer(ExprRenderer):
                 continue
             assert ty.length is not None
             fixed = self.fixed_count(ty.length)
-            what = f"u{ty.bits}" if ty.kind == "packed" else ty.elem
+            what = f"u{ty.bits}" if ty.kind is TypeKind.PACKED else ty.elem
             if fixed is not None:
                 self.emit(f"cnt[{k}] = {fixed};")
                 self.emit(f"if (sz[{k}] != {rule.c(f'cnt[{k}]')}) return hp::fail(err, errcap, "
@@ -118,11 +119,11 @@ class SectionRenderer(ExprRenderer):
 
     def fixed_count(self, length: ir.Length) -> str | None:
         """A C expression for a section's element count known from n, or None."""
-        if length.kind == "n":
+        if length.kind is LengthKind.N:
             return "n"
-        if length.kind == "const":
+        if length.kind is LengthKind.CONST:
             return str(length.value)
-        if length.kind == "blocks":
+        if length.kind is LengthKind.BLOCKS:
             assert length.base is not None
             base = self.fixed_count(length.base)
             return None if base is None else f"hp::blocks({base}, {length.value})"
@@ -134,10 +135,10 @@ class SectionRenderer(ExprRenderer):
             ty = section.ty
             n = self.safe(name)
             self.emit(f"const uint8_t* s_{n} = sec;")
-            if ty.kind == "scalar":
+            if ty.kind is TypeKind.SCALAR:
                 t = self.ctype(ty.elem)
                 self.emit(f"const {t} {self.scalars[name]} = hp::get<{t}>(s_{n});")
-            elif ty.kind == "packed":
+            elif ty.kind is TypeKind.PACKED:
                 self.emit(f"const uint8_t* pk_{n} = s_{n};")
             else:
                 t = self.ctype(ty.elem)

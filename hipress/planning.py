@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from casync import Synchronizer
-from casync.costmodel import CostModel, Linear
+from casync.costmodel import Cost, CostModel, Linear
 from casync.models import PROFILES, TIMINGS, layers
 from casync.planner import CostPlanner
 from casync.profiler import measure
@@ -31,13 +31,13 @@ __all__ = ["profile_main", "plan_main", "fit_table"]
 
 def _cells(key: str, fit: Any) -> tuple[str, str, str]:
     """a, b and b as a rate, in the units of the primitive ``key``."""
-    if key.startswith("bytes/"):
+    if key.startswith(Cost.BYTES.key("")):
         return f"{fit.a:.0f} B", f"{fit.b:.4f} B/elem", f"{fit.b * 8:.3f} bits/elem"
-    if key.startswith("tensor/"):
+    if key.startswith(Cost.TENSOR.key("")):
         return f"{fit.a * 1e6:.1f}", "-", "-"
-    if key.startswith("bulk/"):
+    if key.startswith(Cost.BULK.key("")):
         return "-", f"{fit.b:.3g} s/elem", "-"
-    unit, width = ("s/B", 1) if key in ("send", "intra") else ("s/elem", 4)
+    unit, width = ("s/B", 1) if key in (Cost.SEND.key(), Cost.INTRA.key()) else ("s/elem", 4)
     rate = f"{width / fit.b / 1e9:.2f} GB/s" if fit.b > 0 else "-"
     return f"{fit.a * 1e6:.1f}", f"{fit.b:.3g} {unit}", rate
 
@@ -58,7 +58,7 @@ def _profile_worker(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     transport = Transport()
     say = print if transport.rank == 0 else (lambda *_: None)
-    cost = measure(transport, tuple(args.algorithms), engine=Synchronizer, reps=args.reps,
+    cost = measure(transport, tuple(args.algorithms), steps=Synchronizer.time_steps, reps=args.reps,
                    target=args.target,
                    say=lambda s: say(f"  {s}"))
     cost.meta["network"] = args.network
@@ -131,9 +131,9 @@ def _costs(args: Any) -> tuple[CostModel, int, float]:
         cost = CostModel.load(args.profile)
         nodes = args.nodes if args.nodes is not None else cost.world
         if rate is not None:
-            send = cost.costs.get("send", Linear(25e-6, 0))
-            cost.costs["send"] = Linear(send.a, 8 / (0.9 * rate), send.r2, send.floor)
-            cost.costs.pop("allreduce", None)  # measured at another rate
+            send = cost.costs.get(Cost.SEND.key(), Linear(25e-6, 0))
+            cost.costs[Cost.SEND.key()] = Linear(send.a, 8 / (0.9 * rate), send.r2, send.floor)
+            cost.costs.pop(Cost.ALLREDUCE.key(), None)  # measured at another rate
         backward = args.backward_ms if args.backward_ms is not None else 0.0
     else:
         nodes = args.nodes if args.nodes is not None else 16

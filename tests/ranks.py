@@ -69,6 +69,15 @@ def launch(world: int, scenario: str, out: Path, args: dict[str, Any] | None = N
     return results
 
 
+def arrays_of(scenario: str, out: Path, args: dict[str, Any],
+              world: int = 2) -> list[dict[str, np.ndarray]]:
+    """Each rank's arrays from ``scenario`` on ``world`` ranks, every rank exiting 0."""
+    results = launch(world, scenario, out, args)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    return [r["arrays"] for r in results]
+
+
 def resumed_bit_for_bit(scenario: str, out: Path, args: dict[str, Any],
                         script: Path = HERE / "ranks.py") -> list[dict[str, Any]]:
     """The checkpoint round trip on 2 ranks: 12 steps straight, saving a checkpoint after

@@ -179,7 +179,7 @@ def test_an_inline_task_runs_on_the_thread_that_finished_its_input():
     path re-runs ``ran``); a post does not."""
     import threading
 
-    from casync.executor import Executor, Graph
+    from casync.executor import Executor, Graph, Lane
 
     executor = Executor(None, timeout=5.0, trace=True)  # type: ignore[arg-type]
     ran: dict[str, str] = {}
@@ -188,9 +188,9 @@ def test_an_inline_task_runs_on_the_thread_that_finished_its_input():
         return lambda: ran.__setitem__(name, threading.current_thread().name)
 
     graph = Graph("g", 0)
-    posted = graph.task("post", "post", (0, 0), note("post"))
-    inline = graph.task("average", "inline", (1, 0), note("average"), deps=(posted,))
-    graph.task("after", "compute", (2, 0), note("after"), deps=(inline,))
+    posted = graph.task("post", Lane.POST, (0, 0), note("post"))
+    inline = graph.task("average", Lane.INLINE, (1, 0), note("average"), deps=(posted,))
+    graph.task("after", Lane.COMPUTE, (2, 0), note("after"), deps=(inline,))
     executor.add(graph)
     assert graph.finished.wait(5)
     executor.close()
@@ -619,13 +619,6 @@ def test_engine_state_is_taken_between_steps():
     sync.close()
 
 
-def _arrays(tmp_path, scenario, name, args):
-    results = ranks.launch(2, scenario, tmp_path / name, args)
-    for r in results:
-        assert r["rc"] == 0, r["log"][-3000:]
-    return [r["arrays"] for r in results]
-
-
 @pytest.mark.parallel
 def test_the_engine_on_the_reference_interpreter_gives_the_kernels_bits(tmp_path):
     """The NumPy interpreter runs behind the kernels' interface (``compll.reference``), so
@@ -633,8 +626,8 @@ def test_the_engine_on_the_reference_interpreter_gives_the_kernels_bits(tmp_path
     feedback (updated at once there, deferred by the CPU kernels) over 6 steps."""
     for scenario, args in (("strategies", {"algos": ["onebit", "dgc", "cgx"]}),
                            ("feedback", {"algo": "onebit", "topology": "ring", "steps": 6})):
-        host = _arrays(tmp_path, scenario, f"{scenario}-cpu", args)
-        ref = _arrays(tmp_path, scenario, f"{scenario}-ref", {**args, "target": "ref"})
+        host = ranks.arrays_of(scenario, tmp_path / f"{scenario}-cpu", args)
+        ref = ranks.arrays_of(scenario, tmp_path / f"{scenario}-ref", {**args, "target": "ref"})
         for h, e in zip(host, ref, strict=True):
             assert sorted(h) == sorted(e) and len(h) > 1
             for key in h:

@@ -166,7 +166,7 @@ def test_views_of_one_buffer_reduce_in_place():
 
 
 def test_the_sequencer_posts_in_number_order_whatever_order_they_are_ready():
-    from casync.transport import Handle, Sequencer
+    from casync.transport import Handle, Posted, Sequencer
 
     seq = Sequencer()
     numbers = [seq.number() for _ in range(4)]
@@ -180,7 +180,7 @@ def test_the_sequencer_posts_in_number_order_whatever_order_they_are_ready():
             return f"work{n}"
         return run
 
-    handles = {n: Handle(None, -1, "exchange", None) for n in numbers}
+    handles = {n: Handle(None, -1, Posted.EXCHANGE, None) for n in numbers}
     for n in (3, 1):  # ready early: wait for 0
         seq.post(n, post(n), handles[n])
     assert posted == [] and not handles[1].ready.is_set()

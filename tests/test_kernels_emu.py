@@ -175,22 +175,15 @@ def test_emulated_decoders_refuse_truncated_and_flipped_payloads(name, data):
         assert same_values(emu.decode(bad, 1000), want)
 
 
-def _launch(tmp_path, scenario, name, args):
-    results = ranks.launch(2, scenario, tmp_path / name, args)
-    for r in results:
-        assert r["rc"] == 0, r["log"][-3000:]
-    return [r["arrays"] for r in results]
-
-
 @pytest.mark.parallel
 def test_the_engine_on_emulated_kernels_gives_the_cpu_kernels_bits(tmp_path):
     """CaSync's device path (CPU tensors standing in for CUDA ones, staged and nccl
     links) calling the CUDA batched kernels: every topology, fp16/bf16 tensors."""
     args = {"algos": ["onebit", "dgc", "cgx"]}
-    host = _launch(tmp_path, "strategies", "host", args)
+    host = ranks.arrays_of("strategies", tmp_path / "host", args)
     for link in ("staged", "nccl"):
-        emu = _launch(tmp_path, "strategies", link,
-                      {**args, "device": link, "target": "cuda-emu"})
+        emu = ranks.arrays_of("strategies", tmp_path / link,
+                              {**args, "device": link, "target": "cuda-emu"})
         for h, e in zip(host, emu, strict=True):
             assert h.keys() == e.keys()
             for key in h:
@@ -204,9 +197,9 @@ def test_error_feedback_through_emulated_kernels_gives_the_cpu_kernels_bits(tmp_
     """Residuals updated by the CUDA kernels' eager update (the CPU's is deferred), on
     the host path and the device path, over ring hops and aggregators."""
     args = {"algo": "onebit", "topology": "ring", "steps": 12}
-    host = _launch(tmp_path, "feedback", "host", args)
-    emu = _launch(tmp_path, "feedback", "emu", {**args, "device": device,
-                                                 "target": "cuda-emu"})
+    host = ranks.arrays_of("feedback", tmp_path / "host", args)
+    emu = ranks.arrays_of("feedback", tmp_path / "emu", {**args, "device": device,
+                                                          "target": "cuda-emu"})
     for h, e in zip(host, emu, strict=True):
         assert sorted(h) == sorted(e) and len(h) > 1
         for key in h:
