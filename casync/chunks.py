@@ -19,8 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hipress.errors import ConfigError
+
 from .devices import numel
-from .plan import OWNED, Plan
+from .plan import OWNED, SCATTER, Plan
 from .primitives import partition
 
 __all__ = ["Entry", "Segment", "Chunk", "Chunker", "CHUNK_ELEMS", "RING_PIECE"]
@@ -218,6 +220,9 @@ class Chunker:
             route = routes.get(id(plan)) or self._route(plan)
             _, same, compress, owned, ring = route
             n = entry.numel
+            if owned and same.topology == SCATTER:
+                closed += self._add_shards(entry, plan, same)
+                continue
             k = plan.partitions_for(n) if compress else 1
             if n > k * limit:
                 k = -(-n // limit)
@@ -246,6 +251,32 @@ class Chunker:
                 if chunk.numel >= limit or not self.coalesce:
                     closed.append(self._close(key))
                     chunk = None
+        return closed
+
+    def _add_shards(self, entry: Any, plan: Plan, same: Plan) -> list[Chunk]:
+        """A reduce-scatter's tensor: shard j (of ``world`` equal shards) is owned by rank
+        j, each shard cut into pieces as a tensor of its size would be."""
+        n, world = entry.numel, self.world
+        if n % world:
+            raise ConfigError(f"a reduce-scatter of {entry.name!r} needs a length that "
+                              f"divides into {world} shards, not {n}")
+        shard = n // world
+        pieces = [(owner, owner * shard + sl.start, owner * shard + sl.stop)
+                  for owner in range(world) if shard
+                  for sl in partition(shard, max(plan.partitions_for(shard),
+                                                 -(-shard // self.chunk_elems)))]
+        pieces = pieces or [(0, 0, 0)]  # an empty tensor still completes
+        entry.pending = len(pieces)
+        closed = []
+        key = (id(same), entry.device)
+        for owner, lo, hi in pieces:
+            chunk = self._open.get(key)
+            if chunk is None:
+                chunk = self._open[key] = Chunk(same, device=entry.device)
+            chunk.segments.append(Segment(entry, lo, hi, owner))
+            chunk.numel += hi - lo
+            if chunk.numel >= self.chunk_elems or not self.coalesce:
+                closed.append(self._close(key))
         return closed
 
     def _route(self, plan: Plan) -> tuple[Plan, Plan, bool, bool, bool]:

@@ -31,8 +31,8 @@ from .devices import LENGTH, HostMemory, Memory, Message, framed_payloads
 from .executor import Graph, Lane, Task
 from .transport import Handle, Posted
 
-__all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_ring", "build_allgather",
-           "build_none"]
+__all__ = ["Context", "BUILDERS", "slots", "build_ps", "build_scatter", "build_ring",
+           "build_allgather", "build_none"]
 
 _LENGTH = LENGTH
 #: Elements up to which an uncompressed chunk's average runs on the thread that saw its
@@ -43,7 +43,8 @@ INLINE_AVERAGE = 1 << 20
 
 def slots(topology: str, world: int) -> int:
     """Tags one chunk's graph uses."""
-    return {"ps": 2, "ring": 2 * max(world - 1, 1), "allgather": 1, "none": 1}[topology]
+    return {"ps": 2, "ring": 2 * max(world - 1, 1), "allgather": 1, "scatter": 1,
+            "none": 1}[topology]
 
 
 Got = Callable[[], Message]
@@ -225,6 +226,32 @@ def build_ps(ctx: Context, graph: Graph) -> None:
         _decode(graph, ctx, "agg/decode", (4, world), total, mine, False, mean, (t_enc,))
 
 
+def build_scatter(ctx: Context, graph: Graph) -> None:
+    """Compressed reduce-scatter, the first half of ``ps``: rank j owns shard j of every
+    rank's tensor (``Chunker``). Per chunk, a worker sends one message to each owner (the
+    payloads of the segments it owns); an owner merges the workers' messages into its
+    own values in rank order, the last merge scaling the sum to the mean. Only the owner
+    holds the mean; a rank's copy of the other shards is left as it was. One stage.
+    """
+    assert ctx.codec is not None
+    rank, world = ctx.rank, ctx.world
+    owned = [[s for s in ctx.chunk.segments if s.owner == agg] for agg in range(world)]
+    mine = owned[rank]
+    aggs = [agg for agg in range(world) if agg != rank and owned[agg]]
+    uploads = []
+    for agg in aggs:
+        t_up, upload = _encode(graph, ctx, f"to{agg}/encode", (0, agg), owned[agg], "worker")
+        uploads.append(_Out(f"to{agg}/send", (1, agg), upload, agg, (t_up,)))
+    workers = [src for src in range(world) if src != rank] if mine else []
+    _, got = _messages(graph, ctx, "up", (1, 0), ctx.tag_of(0), uploads,
+                       [_In(f"agg/recv{src}", (1, src), mine, src) for src in workers])
+    t_prev: Task | None = None
+    for src, (t_recv, theirs) in zip(workers, got, strict=True):
+        mean = 1.0 / world if src == workers[-1] else None
+        t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True, mean,
+                         (t_prev, t_recv))
+
+
 def build_ring(ctx: Context, graph: Graph) -> None:
     """Compressed ring: reduce-scatter re-encoding at each hop, then forward as is.
 
@@ -364,5 +391,5 @@ def build_none(ctx: Context, graph: Graph) -> None:
 
 
 BUILDERS = {"ps": build_ps, "ring": build_ring, "allgather": build_allgather,
-            "none": build_none}
+            "scatter": build_scatter, "none": build_none}
 

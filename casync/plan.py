@@ -9,16 +9,19 @@ from typing import Any, Protocol, runtime_checkable
 from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
-__all__ = ["TOPOLOGIES", "COMPRESSED", "OWNED", "MIN_COMPRESS", "Plan", "Planner",
+__all__ = ["TOPOLOGIES", "COMPRESSED", "SCATTER", "OWNED", "MIN_COMPRESS", "Plan", "Planner",
            "Learner", "Greedy", "StaticPlanner", "StepTimer"]
 
-#: The topologies that compress, each a graph builder of ``casync.graphs``, in the
-#: order planners list them (the first is the default).
+#: The topologies that compress an allreduce, each a graph builder of ``casync.graphs``,
+#: in the order planners list them (the first is the default).
 COMPRESSED = ("ps", "ring", "allgather")
+#: A compressed reduce-scatter (sharded data parallelism): rank j receives shard j of
+#: every rank's tensor and leaves their mean in its own shard only.
+SCATTER = "scatter"
 #: Every topology the engine can execute: ``none`` is a plain allreduce.
-TOPOLOGIES = (*COMPRESSED, "none")
+TOPOLOGIES = (*COMPRESSED, SCATTER, "none")
 #: Topologies whose segments each have an owner rank that reduces them.
-OWNED = ("ps", "ring")
+OWNED = ("ps", "ring", SCATTER)
 
 #: Elements below which a static plan does not compress (256 KB of float32). BytePS
 #: stops at 64 KB; we go higher because a codec's few scales for a small layer cost
@@ -32,7 +35,8 @@ class Plan:
     """What the engine does with one tensor (or one bucket of fused small tensors).
 
     Attributes:
-        topology: ``ps``, ``ring``, ``allgather`` or ``none`` (uncompressed allreduce).
+        topology: ``ps``, ``ring``, ``allgather``, ``scatter`` (a reduce-scatter: each
+            rank keeps only its shard's mean) or ``none`` (uncompressed allreduce).
         algorithm: the CompLL algorithm; ``None`` exactly when ``topology == "none"``.
         partitions: K, the number of pieces the tensor is cut into and pipelined.
         params: algorithm parameter overrides.
@@ -48,8 +52,9 @@ class Plan:
             raise ConfigError(f"unknown topology {self.topology!r}; "
                               f"choose one of {', '.join(TOPOLOGIES)}")
         if (self.algorithm is None) != (self.topology == "none"):
-            raise ConfigError("a plan compresses (algorithm set, topology ps|ring|allgather) "
-                              "or does not (algorithm None, topology 'none')")
+            raise ConfigError("a plan compresses (algorithm set, topology "
+                              "ps|ring|allgather|scatter) or does not (algorithm None, "
+                              "topology 'none')")
         if self.partitions < 1:
             raise ConfigError(f"partitions must be at least 1, not {self.partitions}")
 

@@ -6,6 +6,8 @@
     opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   algorithm="dgc")
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
+    # or, sharded (FSDP2): compressed gradient reduce-scatter
+    state = hp.compress_fsdp(model, algorithm="cgx", bits=4)
 
 The same names exist in ``hipress.tensorflow`` and ``hipress.mxnet``.
 """
@@ -24,6 +26,7 @@ from hipress.distributed import (  # noqa: E402
     size,
 )
 
+from .fsdp import FSDPState, compress_fsdp  # noqa: E402
 from .functions import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
 from .hooks import HookState, comm_hook  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
@@ -31,5 +34,5 @@ from .optimizer import DistributedOptimizer  # noqa: E402
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "shutdown",
     "HookState", "comm_hook", "DistributedOptimizer", "broadcast_parameters",
-    "broadcast_optimizer_state",
+    "broadcast_optimizer_state", "compress_fsdp", "FSDPState",
 ]

@@ -1,0 +1,241 @@
+"""Compressed gradient reduce-scatter for FSDP2: ``hp.compress_fsdp(model, ...)``.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) reduce-scatters each FSDP module's
+gradients as one flat, padded buffer: rank j keeps the mean of every rank's shard j.
+``compress_fsdp`` installs a ``ReduceScatter`` on every FSDP module that owns parameters
+(``FSDPModule.set_custom_reduce_scatter``) which runs that collective through CaSync's
+``scatter`` topology (``casync.graphs.build_scatter``): shard j of the buffer is encoded
+and sent to rank j, which adds the N - 1 payloads it receives to its own shard, exact,
+and scales the sum to the mean. Buffers below ``min_compress`` elements, and every
+buffer with ``algorithm="none"``, take FSDP's own reduce-scatter.
+"""
+
+# No "from __future__ import annotations": FSDP's comm interface is checked at run time.
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+    DefaultAllGather,
+    DefaultReduceScatter,
+)
+
+from casync.plan import MIN_COMPRESS, SCATTER, StaticPlanner
+from hipress import distributed as core
+from hipress.errors import ConfigError, SyncError
+
+__all__ = ["FSDPState", "compress_fsdp"]
+
+
+class _ScatterOptions(core.EngineOptions):
+    """The wrapper's options; its engine plans every buffer it is given as a compressed
+    reduce-scatter (smaller ones never reach it, see ``_Comm``)."""
+
+    def engine(self) -> Any:
+        if not core.is_initialized():
+            core.init()
+        planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm, SCATTER,
+                                min_compress=self.min_compress, **self.params)
+        return core.synchronizer(self.algorithm, planner=planner,
+                                 error_feedback=self.error_feedback, timeout=self.timeout,
+                                 trace=self.trace, **self.params)
+
+
+class FSDPState:
+    """What ``compress_fsdp`` installed: the settings, the engine, and its state.
+
+    Args:
+        algorithm: a CompLL algorithm (``hipress.algorithms()``; blockwise ones such as
+            ``cgx``, ``zeropp`` and ``qsgd`` keep a scale per block of the flat buffer)
+            or ``"none"`` (FSDP's own reduce-scatter, bit for bit).
+        error_feedback: ``None`` = on for biased algorithms. Each rank keeps a residual
+            of the part of each FSDP module's unsharded gradient that it sends, (N - 1) / N
+            of its elements in float32; ``False`` saves that memory.
+        min_compress: flat buffers below this many elements take FSDP's own reduce-scatter.
+        timeout: seconds before a silent peer raises ``SyncError``.
+        trace: the engine records its tasks (``take_trace``).
+        **codec_params: the algorithm's parameters (``bits=4`` for cgx).
+    """
+
+    def __init__(self, algorithm: str = "cgx", error_feedback: bool | None = None,
+                 min_compress: int = MIN_COMPRESS, timeout: float | None = None,
+                 trace: bool = False, **codec_params: Any) -> None:
+        # user knobs, validated here (a ConfigError says why)
+        self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
+                                       timeout, trace=trace, **codec_params)
+        self.algorithm = algorithm
+        self.min_compress = min_compress
+        # internal state: the engine, created on the first reduce-scatter
+        self._engine = core.LazyEngine(self.options)
+        self.sync: Any = None
+        self._in_backward = False
+        #: FSDP modules given a compressed reduce-scatter, in the order of ``modules()``
+        self.modules: list[str] = []
+        # statistics
+        self.steps = 0
+
+    def synchronizer(self) -> Any:
+        if self.sync is None or not core.is_live(self.sync):
+            self.sync = self._engine.get()
+        return self.sync
+
+    def state_dict(self) -> dict[str, Any]:
+        """HiPress's state for a checkpoint: the residuals, the engine's step and this
+        state's statistics. Each rank saves its own (its residuals are its own).
+
+        Example:
+            >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+            ...             "hipress": state.state_dict()}, f"ckpt-rank{rank}.pt")
+        """
+        return {"steps": self.steps, "engine": self._engine.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
+        """Continue from ``state_dict()`` of the same rank and world size, now or at the
+        first reduce-scatter."""
+        self.steps = int(state.get("steps", 0))
+        self._engine.load_state_dict(state.get("engine", {}), reset_residuals)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent through the engine so far."""
+        return 0 if self.sync is None else int(self.sync.transport.bytes_sent)
+
+    @staticmethod
+    def _lost(what: str, exc: BaseException) -> SyncError:
+        """A failure of one of FSDP's own collectives as a ``SyncError``: on CPU (Gloo) it
+        comes from a peer that died or left (a stalled one: after the process group's
+        timeout)."""
+        return SyncError(f"FSDP's {what} failed, a peer is gone: {exc}")
+
+    def _begin(self, sync: Any) -> None:
+        """At a backward's first reduce-scatter: end the engine's step when backward
+        ends (after FSDP's own final callback, which reduces the last modules)."""
+        if self._in_backward:
+            return
+        self._in_backward = True
+
+        def end() -> None:
+            self._in_backward = False
+            sync.end_step()
+            self.steps += 1
+
+        torch.autograd.Variable._execution_engine.queue_callback(end)
+
+
+class _Comm(DefaultReduceScatter):
+    """One FSDP module's reduce-scatter through the engine (``FSDPState``)."""
+
+    def __init__(self, state: FSDPState, name: str) -> None:
+        super().__init__()
+        self.state = state
+        self.name = name
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op: Any, async_op: bool = False) -> Any:
+        state = self.state
+        # The engine first, on every rank: its settings check runs before any collective,
+        # so ranks that disagree (on min_compress too) fail with the field named.
+        sync = state.synchronizer()
+        if state.options.algorithm == "none" or input_tensor.numel() < state.min_compress:
+            try:
+                return super().__call__(output_tensor, input_tensor, group, op, async_op)
+            except RuntimeError as exc:
+                raise state._lost(f"reduce-scatter of {self.name}", exc) from exc
+        world, rank = group.size(), group.rank()
+        if (world, rank) != (sync.size, sync.rank):
+            raise ConfigError(f"FSDP reduce-scatters over {world} ranks (this one {rank}) "
+                              f"but HiPress's group has {sync.size} (this one {sync.rank}); "
+                              "compress_fsdp supports a 1-D mesh over the whole job")
+        scale = _scale(op, world)
+        state._begin(sync)
+        future = sync.submit(self.name, input_tensor)
+        sync.flush()
+        try:
+            future.wait()
+        except Exception:
+            error = sync.executor.error
+            if error is not None:
+                raise error from None
+            raise
+        shard = input_tensor.numel() // world
+        mine = input_tensor[rank * shard:(rank + 1) * shard]
+        if scale != 1.0:
+            mine.mul_(scale)
+        output_tensor.copy_(mine.view_as(output_tensor))
+        return None
+
+
+class _Gather(DefaultAllGather):
+    """FSDP's own parameter all-gather, whose failure (a dead peer) is a ``SyncError``."""
+
+    def __init__(self, state: FSDPState, name: str) -> None:
+        super().__init__()
+        self.state = state
+        self.name = name
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, async_op: bool = False) -> Any:
+        try:
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+        except RuntimeError as exc:
+            raise self.state._lost(f"all-gather of {self.name}", exc) from exc
+
+
+def _scale(op: Any, world: int) -> float:
+    """What the engine's mean is multiplied by for FSDP's reduce op."""
+    if op == dist.ReduceOp.AVG:
+        return 1.0
+    if op == dist.ReduceOp.SUM:
+        return float(world)
+    raise ConfigError(f"compress_fsdp reduces with AVG or SUM, not {op}; leave FSDP's "
+                      "gradient divide factor at its default")
+
+
+def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
+                  error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
+                  timeout: float | None = None, trace: bool = False,
+                  **codec_params: Any) -> FSDPState:
+    """Compress FSDP2's gradient reduce-scatter with a CompLL algorithm.
+
+    Call it after ``fully_shard`` has wrapped the model (every FSDP module that owns
+    parameters gets the compressed reduce-scatter; a root without parameters of its own
+    has none). Every rank must call it with the same settings.
+
+    Args:
+        model: the model, wrapped by ``fully_shard`` (1-D mesh over the job).
+        algorithm, error_feedback, min_compress, timeout, trace, **codec_params: see
+            ``FSDPState``.
+
+    Returns:
+        The ``FSDPState``: save ``state_dict()`` with each rank's checkpoint.
+
+    Raises:
+        ConfigError: no FSDP module owns parameters, a module is sharded over a 2-D
+            (HSDP) mesh, or a bad setting.
+
+    Example:
+        >>> for block in model.blocks:
+        ...     fully_shard(block)
+        >>> fully_shard(model)
+        >>> state = hp.compress_fsdp(model, algorithm="cgx", bits=4)
+    """
+    state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, **codec_params)
+    for name, module in model.named_modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        groups = module._get_fsdp_state()._fsdp_param_groups
+        if not groups:
+            continue  # owns no parameters: nothing of its own to reduce
+        if any(type(g.mesh_info).__name__ == "HSDPMeshInfo" for g in groups):
+            raise ConfigError(f"{name or 'the model'} is sharded over a 2-D (HSDP) mesh; "
+                              "compress_fsdp supports 1-D meshes")
+        key = f"fsdp{len(state.modules)}"
+        module.set_custom_reduce_scatter(_Comm(state, key))
+        module.set_custom_all_gather(_Gather(state, key))
+        state.modules.append(name)
+    if not state.modules:
+        raise ConfigError("compress_fsdp found no FSDP module that owns parameters; call "
+                          "fully_shard on the model (and its blocks) first")
+    return state
