@@ -74,6 +74,7 @@ def _sharded(args: dict[str, Any]) -> tuple[Any, Any]:
     state = None
     if args["algorithm"] != "plain":
         state = hp.compress_fsdp(model, args["algorithm"],
+                                 all_gather=args.get("all_gather"),
                                  min_compress=args.get("min_compress", 1000),
                                  timeout=args.get("timeout", 60), **args.get("params", {}))
     return model, state
@@ -114,6 +115,7 @@ def train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     np.savez(out / f"rank{rank}.npz", params=local.numpy(), full=full.numpy())
     return {"losses": losses, "modules": state.modules if state is not None else [],
             "sent": state.bytes_sent if state is not None else 0,
+            "gathered": state.gathered_bytes if state is not None else 0,
             "steps": state.steps if state is not None else 0}
 
 

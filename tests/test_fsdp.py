@@ -52,6 +52,21 @@ def test_compressed_reduce_scatter_keeps_replicas_equal_and_learns(tmp_path, wor
     assert ours[0]["sent"] < 0.2 * 4 * n * (world - 1) / world * steps
 
 
+def test_an_int8_all_gather_gives_every_rank_the_same_quantized_weights(tmp_path):
+    steps = 20
+    plain = _run(2, "train", tmp_path / "plain", {"algorithm": "plain", "steps": steps})
+    ours = _run(2, "train", tmp_path / "int8", {"algorithm": "cgx", "params": {"bits": 4},
+                                                 "all_gather": "int8", "steps": steps})
+    assert ours[0]["arrays"]["full"].tobytes() == ours[1]["arrays"]["full"].tobytes()
+    losses, base = ours[0]["losses"], plain[0]["losses"]
+    # step 0: the same exact shards, but forward saw them quantized
+    assert losses[0] != base[0] and abs(losses[0] - base[0]) <= 0.01 * base[0]
+    assert abs(losses[-1] - base[-1]) <= 0.05 * base[-1], (losses[-1], base[-1])
+    # a byte per weight and a scale per 512: about a quarter of float32's
+    n = ours[0]["arrays"]["params"].size  # this rank's shard
+    assert 0 < ours[0]["gathered"] <= 0.3 * 4 * n * 2 * steps
+
+
 def test_checkpoint_round_trip_resumes_bit_for_bit(tmp_path):
     straight = ranks.resumed_bit_for_bit("train", tmp_path,
                                          {"algorithm": "cgx", "params": {"bits": 4}},
@@ -76,11 +91,13 @@ def test_a_nan_on_one_rank_reaches_the_owners_shard_and_clears(tmp_path):
             assert r["nonfinite"] == [False, True, False], (algorithm, r)
 
 
-def test_ranks_that_disagree_fail_naming_the_setting(tmp_path):
+@pytest.mark.parametrize("changed,field", [({"params": {"bits": 2}}, "bits"),
+                                           ({"all_gather": "int8"}, "all_gather")])
+def test_ranks_that_disagree_fail_naming_the_setting(tmp_path, changed, field):
     results = _run(2, "mismatch", tmp_path,
-                   {"algorithm": "cgx", "params": {"bits": 4}, "changed": {"params": {"bits": 2}}})
+                   {"algorithm": "cgx", "params": {"bits": 4}, "changed": changed})
     for r in results:
-        assert r["error"] == "ConfigError" and "bits" in r["message"], r
+        assert r["error"] == "ConfigError" and field in r["message"], r
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -128,3 +145,17 @@ def test_compress_fsdp_refuses_a_model_without_fsdp_modules():
 
     with pytest.raises(ConfigError, match="fully_shard"):
         hp.compress_fsdp(torch.nn.Linear(4, 4), algorithm="cgx")
+
+
+def test_an_all_gather_codec_must_have_a_fixed_payload_size():
+    pytest.importorskip("torch")
+
+    import hipress.torch as hp
+    from hipress import ConfigError
+
+    assert hp.FSDPState(all_gather="int8").gather_codec.name == "zeropp"
+    assert hp.FSDPState(all_gather="cgx").gather_codec.name == "cgx"
+    with pytest.raises(ConfigError, match="depends on the values"):
+        hp.FSDPState(all_gather="dgc")
+    with pytest.raises(ConfigError, match="unknown algorithm"):
+        hp.FSDPState(all_gather="int9")

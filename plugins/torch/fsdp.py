@@ -8,6 +8,12 @@ gradients as one flat, padded buffer: rank j keeps the mean of every rank's shar
 and sent to rank j, which adds the N - 1 payloads it receives to its own shard, exact,
 and scales the sum to the mean. Buffers below ``min_compress`` elements, and every
 buffer with ``algorithm="none"``, take FSDP's own reduce-scatter.
+
+With ``all_gather="int8"`` (or ``"int4"``, or a fixed-size codec's name) the parameter
+all-gather is compressed too, as ZeRO++'s qwZ: each rank quantizes its own shard
+blockwise, the payloads are all-gathered, and every rank decodes every payload, its own
+included, so all ranks compute with the same quantized weights while the optimizer
+updates the exact float32 shards.
 """
 
 # No "from __future__ import annotations": FSDP's comm interface is checked at run time.
@@ -23,8 +29,13 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
 )
 
 from casync.plan import MIN_COMPRESS, SCATTER, StaticPlanner
+from compll.codec import Codec, codec
+from compll.ir import LengthKind
 from hipress import distributed as core
 from hipress.errors import ConfigError, SyncError
+
+#: ``all_gather=`` shorthands: ZeRO++'s symmetric blockwise quantization (qwZ: int8)
+GATHER_CODECS = {"int8": ("zeropp", {"bits": 8}), "int4": ("zeropp", {"bits": 4})}
 
 __all__ = ["FSDPState", "compress_fsdp"]
 
@@ -53,7 +64,11 @@ class FSDPState:
         error_feedback: ``None`` = on for biased algorithms. Each rank keeps a residual
             of the part of each FSDP module's unsharded gradient that it sends, (N - 1) / N
             of its elements in float32; ``False`` saves that memory.
-        min_compress: flat buffers below this many elements take FSDP's own reduce-scatter.
+        min_compress: flat buffers below this many elements take FSDP's own reduce-scatter
+            (and all-gather).
+        all_gather: ``None`` (FSDP's own, exact), ``"int8"``, ``"int4"`` or the name of a
+            codec whose payload size depends only on the element count (``cgx``): the
+            compressed parameter all-gather described in the module docstring.
         timeout: seconds before a silent peer raises ``SyncError``.
         trace: the engine records its tasks (``take_trace``).
         **codec_params: the algorithm's parameters (``bits=4`` for cgx).
@@ -61,12 +76,15 @@ class FSDPState:
 
     def __init__(self, algorithm: str = "cgx", error_feedback: bool | None = None,
                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
-                 trace: bool = False, **codec_params: Any) -> None:
+                 trace: bool = False, all_gather: str | None = None,
+                 **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
                                        timeout, trace=trace, **codec_params)
         self.algorithm = algorithm
         self.min_compress = min_compress
+        self.all_gather = all_gather
+        self.gather_codec = _gather_codec(all_gather)
         # internal state: the engine, created on the first reduce-scatter
         self._engine = core.LazyEngine(self.options)
         self.sync: Any = None
@@ -75,10 +93,15 @@ class FSDPState:
         self.modules: list[str] = []
         # statistics
         self.steps = 0
+        self.gathered_bytes = 0  # what this rank contributed to compressed all-gathers
 
     def synchronizer(self) -> Any:
+        """The engine, created (and the settings agreed by every rank) on first use."""
         if self.sync is None or not core.is_live(self.sync):
             self.sync = self._engine.get()
+            seen = core.allgather_object(self.all_gather)  # the engine checked the rest
+            if len(set(seen)) > 1:
+                raise ConfigError(f"ranks disagree on all_gather: {seen} (by rank)")
         return self.sync
 
     def state_dict(self) -> dict[str, Any]:
@@ -168,7 +191,8 @@ class _Comm(DefaultReduceScatter):
 
 
 class _Gather(DefaultAllGather):
-    """FSDP's own parameter all-gather, whose failure (a dead peer) is a ``SyncError``."""
+    """One FSDP module's parameter all-gather: FSDP's own, or compressed
+    (``FSDPState.all_gather``); either way a dead peer is a ``SyncError``."""
 
     def __init__(self, state: FSDPState, name: str) -> None:
         super().__init__()
@@ -177,10 +201,57 @@ class _Gather(DefaultAllGather):
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> Any:
+        state = self.state
+        state.synchronizer()  # the settings are agreed before the first collective
         try:
-            return super().__call__(output_tensor, input_tensor, group, async_op)
+            if state.gather_codec is None or input_tensor.numel() < state.min_compress \
+                    or not input_tensor.is_floating_point():
+                return super().__call__(output_tensor, input_tensor, group, async_op)
+            self._compressed(state.gather_codec, output_tensor, input_tensor, group)
+            return None
         except RuntimeError as exc:
-            raise self.state._lost(f"all-gather of {self.name}", exc) from exc
+            raise state._lost(f"all-gather of {self.name}", exc) from exc
+
+    def _compressed(self, c: Codec, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                    group: dist.ProcessGroup) -> None:
+        """Encode this rank's shard, all-gather the payloads (each the same size: the
+        codec's layout depends on the count only), decode every one into its place."""
+        n, world = input_tensor.numel(), group.size()
+        flat = input_tensor.detach().reshape(-1).float()
+        size = c.max_payload_bytes(n)
+        cuda = flat.is_cuda
+        payload = c.encode(flat if cuda else flat.numpy())
+        mine = payload if cuda else torch.from_numpy(payload)
+        if mine.numel() != size:
+            raise ConfigError(f"the all_gather codec {c.name!r} wrote {mine.numel()} bytes "
+                              f"for {n} elements, not its fixed {size}")
+        gathered = torch.empty(world * size, dtype=torch.uint8, device=flat.device)
+        dist.all_gather_into_tensor(gathered, mine, group=group)
+        self.state.gathered_bytes += size
+        out = output_tensor.view(-1)
+        into = out if out.dtype == torch.float32 else torch.empty(out.numel(), device=out.device)
+        views = list(into.view(world, n))
+        c.decode_batch(gathered if cuda else gathered.numpy(), [n] * world,
+                       views if cuda else [v.numpy() for v in views])
+        if into is not out:
+            out.copy_(into)
+
+
+def _gather_codec(all_gather: str | None) -> Codec | None:
+    """The codec of ``all_gather=`` (checked: its payload size must follow from the
+    element count alone, so that every rank's payload has the same size)."""
+    if all_gather is None:
+        return None
+    if not isinstance(all_gather, str):
+        raise ConfigError(f"all_gather must be None, 'int8', 'int4' or a codec's name, "
+                          f"not {all_gather!r}")
+    name, params = GATHER_CODECS.get(all_gather, (all_gather, {}))
+    c = codec(name, **params)
+    if any(section.ty.length is not None and section.ty.length.kind is LengthKind.SYM
+           for section in c.program.layout):
+        raise ConfigError(f"all_gather={all_gather!r}: {name}'s payload size depends on the "
+                          "values; use 'int8', 'int4' or a fixed-size codec such as cgx")
+    return c
 
 
 def _scale(op: Any, world: int) -> float:
@@ -194,9 +265,9 @@ def _scale(op: Any, world: int) -> float:
 
 
 def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
-                  error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
-                  timeout: float | None = None, trace: bool = False,
-                  **codec_params: Any) -> FSDPState:
+                  all_gather: str | None = None, error_feedback: bool | None = None,
+                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
+                  trace: bool = False, **codec_params: Any) -> FSDPState:
     """Compress FSDP2's gradient reduce-scatter with a CompLL algorithm.
 
     Call it after ``fully_shard`` has wrapped the model (every FSDP module that owns
@@ -205,8 +276,8 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
 
     Args:
         model: the model, wrapped by ``fully_shard`` (1-D mesh over the job).
-        algorithm, error_feedback, min_compress, timeout, trace, **codec_params: see
-            ``FSDPState``.
+        algorithm, all_gather, error_feedback, min_compress, timeout, trace,
+            **codec_params: see ``FSDPState``.
 
     Returns:
         The ``FSDPState``: save ``state_dict()`` with each rank's checkpoint.
@@ -220,8 +291,10 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
         ...     fully_shard(block)
         >>> fully_shard(model)
         >>> state = hp.compress_fsdp(model, algorithm="cgx", bits=4)
+        >>> state = hp.compress_fsdp(model, algorithm="cgx", all_gather="int8")  # weights too
     """
-    state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, **codec_params)
+    state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, all_gather,
+                      **codec_params)
     for name, module in model.named_modules():
         if not isinstance(module, FSDPModule):
             continue
