@@ -226,7 +226,7 @@ class _Gather(DefaultAllGather):
             raise ConfigError(f"the all_gather codec {c.name!r} wrote {mine.numel()} bytes "
                               f"for {n} elements, not its fixed {size}")
         gathered = torch.empty(world * size, dtype=torch.uint8, device=flat.device)
-        dist.all_gather_into_tensor(gathered, mine, group=group)
+        dist.all_gather_single(gathered, mine, group=group)
         self.state.gathered_bytes += size
         out = output_tensor.view(-1)
         into = out if out.dtype == torch.float32 else torch.empty(out.numel(), device=out.device)
