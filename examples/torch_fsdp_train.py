@@ -6,13 +6,16 @@ compressed by HiPress.
     hipress run -np 2 examples/torch_fsdp_train.py --all-gather int8     # weights too
     hipress run -np 2 examples/torch_fsdp_train.py --sync fsdp           # FSDP2's own
     hipress run -np 2 examples/torch_fsdp_train.py --checkpoint ckpt     # save, resume
+    hipress run -np 4 examples/torch_fsdp_train.py --hsdp 2              # 2 replicas of 2
 
 --sync: ``hipress`` (``hp.compress_fsdp``), ``fsdp`` (FSDP2's own collectives, float32)
 or ``fsdp-bf16`` (FSDP2 reducing gradients in bfloat16: ``MixedPrecisionPolicy(
 reduce_dtype=torch.bfloat16)``). Every rank saves its own checkpoint (its shards, its
 optimizer state, HiPress's residuals) and a restarted job resumes from the newest step
-every rank saved. Prints samples/s after the warm-up steps and the loss; ``--metrics``
-writes them as JSON (``hipress bench fsdp`` reads it).
+every rank saved. ``--hsdp R``: HSDP, R replicas each sharded over world / R ranks (a
+node); FSDP2's own all-reduces across replicas with ``--sync fsdp``, HiPress's compressed
+one with ``--sync hipress``. Prints samples/s after the warm-up steps and the loss;
+``--metrics`` writes them as JSON (``hipress bench fsdp`` reads it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,13 +49,22 @@ def shard(model: GPT, args: argparse.Namespace) -> Any:
     ``--sync hipress``, the compressed collectives; returns HiPress's state or None."""
     policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16) if args.sync == "fsdp-bf16" \
         else MixedPrecisionPolicy()
+    mesh = where = None
+    if args.hsdp:
+        world = hp.size()
+        if world % args.hsdp:
+            raise SystemExit(f"--hsdp {args.hsdp} does not divide {world} ranks")
+        mesh = init_device_mesh("cpu", (args.hsdp, world // args.hsdp),
+                                mesh_dim_names=("replicate", "shard"))
+        # FSDP2's own HSDP takes the 2-D mesh; HiPress's shards over a node and all-reduces
+        where = mesh["shard"] if args.sync == "hipress" else mesh
     for block in model.blocks:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=where, mp_policy=policy)
+    fully_shard(model, mesh=where, mp_policy=policy)
     if args.sync != "hipress":
         return None
     params = {"bits": args.bits} if args.algorithm in ("cgx", "zeropp", "qsgd") else {}
-    return hp.compress_fsdp(model, args.algorithm, all_gather=args.all_gather,
+    return hp.compress_fsdp(model, args.algorithm, all_gather=args.all_gather, mesh=mesh,
                             min_compress=args.min_compress, **params)
 
 
@@ -93,6 +106,8 @@ def main() -> None:
     parser.add_argument("--all-gather", default=None,
                         help="compress the parameter all-gather: int8, int4 or a codec")
     parser.add_argument("--min-compress", type=int, default=65536)
+    parser.add_argument("--hsdp", type=int, default=0, metavar="R",
+                        help="HSDP with R replicas (0: plain FSDP over every rank)")
     parser.add_argument("--dim", type=int, default=384, help="width (a multiple of 6)")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")

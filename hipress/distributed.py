@@ -116,10 +116,12 @@ def gloo_group() -> Any:
     return _state["group"]
 
 
-def synchronizer(algorithm: str, **options: Any) -> Any:
-    """A CaSync ``Synchronizer`` on the plugin's Gloo group (see ``casync.Synchronizer``)."""
+def synchronizer(algorithm: str, group: Any = None, **options: Any) -> Any:
+    """A CaSync ``Synchronizer`` on the plugin's Gloo group, or on ``group`` (a Gloo
+    subgroup, as HSDP's replicas; see ``casync.Synchronizer``)."""
     _require()
-    engine = Synchronizer(algorithm, group=_state["group"], **options)
+    engine = Synchronizer(algorithm, group=group if group is not None else _state["group"],
+                          **options)
     _engines.add(engine)
     return engine
 

@@ -68,12 +68,20 @@ def _sharded(args: dict[str, Any]) -> tuple[Any, Any]:
     import hipress.torch as hp
 
     model = _model(args.get("width", 130))
+    mesh = where = None
+    if args.get("hsdp"):  # 2 ranks a node: FSDP's own HSDP, or HiPress's replica all-reduce
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size() // 2, 2),
+                                mesh_dim_names=("replicate", "shard"))
+        where = mesh if args["algorithm"] == "plain" else mesh["shard"]
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mesh=where)
+    fully_shard(model, mesh=where)
     state = None
     if args["algorithm"] != "plain":
-        state = hp.compress_fsdp(model, args["algorithm"],
+        state = hp.compress_fsdp(model, args["algorithm"], mesh=mesh,
                                  all_gather=args.get("all_gather"),
                                  min_compress=args.get("min_compress", 1000),
                                  timeout=args.get("timeout", 60), **args.get("params", {}))

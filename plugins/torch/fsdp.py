@@ -14,6 +14,12 @@ all-gather is compressed too, as ZeRO++'s qwZ: each rank quantizes its own shard
 blockwise, the payloads are all-gathered, and every rank decodes every payload, its own
 included, so all ranks compute with the same quantized weights while the optimizer
 updates the exact float32 shards.
+
+HSDP (``mesh=``, a 2-D ``(replicate, shard)`` DeviceMesh; the modules sharded over
+``mesh["shard"]``, one node): after FSDP's reduce-scatter inside the node, each reduced
+shard is all-reduced across the replicas through CaSync, compressed (``ps``, ``ring`` or
+``allgather``), from FSDP's all-reduce hook; the reduce-scatter inside the node stays
+FSDP's own unless ``reduce_scatter=True``.
 """
 
 # No "from __future__ import annotations": FSDP's comm interface is checked at run time.
@@ -41,15 +47,31 @@ __all__ = ["FSDPState", "compress_fsdp"]
 
 
 class _ScatterOptions(core.EngineOptions):
-    """The wrapper's options; its engine plans every buffer it is given as a compressed
-    reduce-scatter (smaller ones never reach it, see ``_Comm``)."""
+    """The wrapper's options; its engine, on ``group`` (the job's, or an HSDP node's),
+    plans every buffer it is given as a compressed reduce-scatter (smaller ones never
+    reach it, see ``_Comm``)."""
+
+    group: Any = None
 
     def engine(self) -> Any:
         if not core.is_initialized():
             core.init()
         planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm, SCATTER,
                                 min_compress=self.min_compress, **self.params)
-        return core.synchronizer(self.algorithm, planner=planner,
+        return core.synchronizer(self.algorithm, group=self.group, planner=planner,
+                                 error_feedback=self.error_feedback, timeout=self.timeout,
+                                 trace=self.trace, **self.params)
+
+
+class _ReplicaOptions(core.EngineOptions):
+    """HSDP's: an allreduce engine (static plan over ``topology``) on the replicas'
+    ``group``."""
+
+    group: Any = None
+
+    def engine(self) -> Any:
+        return core.synchronizer(self.algorithm, group=self.group, topology=self.topology,
+                                 plan=self.plan, min_compress=self.min_compress,
                                  error_feedback=self.error_feedback, timeout=self.timeout,
                                  trace=self.trace, **self.params)
 
@@ -71,23 +93,34 @@ class FSDPState:
             compressed parameter all-gather described in the module docstring.
         timeout: seconds before a silent peer raises ``SyncError``.
         trace: the engine records its tasks (``take_trace``).
+        reduce_scatter: whether the reduce-scatter is compressed (default: yes, but not
+            inside an HSDP node, whose links are fast).
+        topology: HSDP's replica all-reduce: ``ps``, ``ring`` or ``allgather``.
         **codec_params: the algorithm's parameters (``bits=4`` for cgx).
     """
 
     def __init__(self, algorithm: str = "cgx", error_feedback: bool | None = None,
                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
                  trace: bool = False, all_gather: str | None = None,
+                 reduce_scatter: bool | None = None, topology: str = "ps",
                  **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
                                        timeout, trace=trace, **codec_params)
+        self.replica_options = _ReplicaOptions(algorithm, "static", topology, min_compress,
+                                               error_feedback, timeout, trace=trace,
+                                               **codec_params)
         self.algorithm = algorithm
         self.min_compress = min_compress
         self.all_gather = all_gather
         self.gather_codec = _gather_codec(all_gather)
-        # internal state: the engine, created on the first reduce-scatter
+        self.reduce_scatter = reduce_scatter
+        # internal state: the engines, created at the first collective
         self._engine = core.LazyEngine(self.options)
+        self._replica_engine = core.LazyEngine(self.replica_options)
+        self.replicate_group: Any = None  # HSDP: this rank's replicas (compress_fsdp)
         self.sync: Any = None
+        self.replica_sync: Any = None
         self._in_backward = False
         #: FSDP modules given a compressed reduce-scatter, in the order of ``modules()``
         self.modules: list[str] = []
@@ -95,13 +128,26 @@ class FSDPState:
         self.steps = 0
         self.gathered_bytes = 0  # what this rank contributed to compressed all-gathers
 
+    @property
+    def scatters(self) -> bool:
+        """Whether the reduce-scatter is compressed."""
+        wanted = self.replicate_group is None if self.reduce_scatter is None \
+            else self.reduce_scatter
+        return wanted and self.algorithm != "none"
+
     def synchronizer(self) -> Any:
-        """The engine, created (and the settings agreed by every rank) on first use."""
+        """The engine, created (and the settings agreed by every rank) on first use;
+        with HSDP, the replicas' engine too."""
         if self.sync is None or not core.is_live(self.sync):
             self.sync = self._engine.get()
-            seen = core.allgather_object(self.all_gather)  # the engine checked the rest
+            # the engines check the rest of the settings (each over its group)
+            seen = core.allgather_object((self.all_gather, self.reduce_scatter,
+                                          self.replicate_group is not None))
             if len(set(seen)) > 1:
-                raise ConfigError(f"ranks disagree on all_gather: {seen} (by rank)")
+                raise ConfigError("ranks disagree on all_gather, reduce_scatter or mesh: "
+                                  f"{seen} (by rank)")
+            if self.replicate_group is not None:
+                self.replica_sync = self._replica_engine.get()
         return self.sync
 
     def state_dict(self) -> dict[str, Any]:
@@ -112,18 +158,21 @@ class FSDPState:
             >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
             ...             "hipress": state.state_dict()}, f"ckpt-rank{rank}.pt")
         """
-        return {"steps": self.steps, "engine": self._engine.state_dict()}
+        return {"steps": self.steps, "engine": self._engine.state_dict(),
+                "replicas": self._replica_engine.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
         """Continue from ``state_dict()`` of the same rank and world size, now or at the
         first reduce-scatter."""
         self.steps = int(state.get("steps", 0))
         self._engine.load_state_dict(state.get("engine", {}), reset_residuals)
+        self._replica_engine.load_state_dict(state.get("replicas", {}), reset_residuals)
 
     @property
     def bytes_sent(self) -> int:
-        """Bytes this rank has sent through the engine so far."""
-        return 0 if self.sync is None else int(self.sync.transport.bytes_sent)
+        """Bytes this rank has sent through the engines so far."""
+        return sum(int(e.transport.bytes_sent) for e in (self.sync, self.replica_sync)
+                   if e is not None)
 
     @staticmethod
     def _lost(what: str, exc: BaseException) -> SyncError:
@@ -132,19 +181,35 @@ class FSDPState:
         timeout)."""
         return SyncError(f"FSDP's {what} failed, a peer is gone: {exc}")
 
-    def _begin(self, sync: Any) -> None:
-        """At a backward's first reduce-scatter: end the engine's step when backward
+    def _begin(self) -> None:
+        """At a backward's first use of an engine: end the engines' step when backward
         ends (after FSDP's own final callback, which reduces the last modules)."""
         if self._in_backward:
             return
         self._in_backward = True
+        engines = [e for e in (self.sync, self.replica_sync) if e is not None]
 
         def end() -> None:
             self._in_backward = False
-            sync.end_step()
+            for engine in engines:
+                engine.end_step()
             self.steps += 1
 
         torch.autograd.Variable._execution_engine.queue_callback(end)
+
+    def _reduce(self, sync: Any, name: str, tensor: torch.Tensor) -> None:
+        """Average ``tensor`` through ``sync`` in place, waiting for it (a ``SyncError``
+        as itself)."""
+        self._begin()
+        future = sync.submit(name, tensor)
+        sync.flush()
+        try:
+            future.wait()
+        except Exception:
+            error = sync.executor.error
+            if error is not None:
+                raise error from None
+            raise
 
 
 class _Comm(DefaultReduceScatter):
@@ -161,7 +226,7 @@ class _Comm(DefaultReduceScatter):
         # The engine first, on every rank: its settings check runs before any collective,
         # so ranks that disagree (on min_compress too) fail with the field named.
         sync = state.synchronizer()
-        if state.options.algorithm == "none" or input_tensor.numel() < state.min_compress:
+        if not state.scatters or input_tensor.numel() < state.min_compress:
             try:
                 return super().__call__(output_tensor, input_tensor, group, op, async_op)
             except RuntimeError as exc:
@@ -170,18 +235,9 @@ class _Comm(DefaultReduceScatter):
         if (world, rank) != (sync.size, sync.rank):
             raise ConfigError(f"FSDP reduce-scatters over {world} ranks (this one {rank}) "
                               f"but HiPress's group has {sync.size} (this one {sync.rank}); "
-                              "compress_fsdp supports a 1-D mesh over the whole job")
+                              "pass HSDP's mesh to compress_fsdp (mesh=...)")
         scale = _scale(op, world)
-        state._begin(sync)
-        future = sync.submit(self.name, input_tensor)
-        sync.flush()
-        try:
-            future.wait()
-        except Exception:
-            error = sync.executor.error
-            if error is not None:
-                raise error from None
-            raise
+        state._reduce(sync, self.name, input_tensor)
         shard = input_tensor.numel() // world
         mine = input_tensor[rank * shard:(rank + 1) * shard]
         if scale != 1.0:
@@ -254,6 +310,48 @@ def _gather_codec(all_gather: str | None) -> Codec | None:
     return c
 
 
+def _replica_hook(state: FSDPState, name: str) -> Any:
+    """HSDP: FSDP's all-reduce hook, which averages a node's reduced shard across the
+    replicas (FSDP's own all-reduce is off: its modules are sharded over one node)."""
+
+    def hook(reduce_output: torch.Tensor) -> None:
+        state.synchronizer()
+        sync = state.replica_sync
+        if state.algorithm == "none" or reduce_output.numel() < state.min_compress:
+            try:
+                dist.all_reduce(reduce_output, op=dist.ReduceOp.AVG,
+                                group=state.replicate_group)
+            except RuntimeError as exc:
+                raise state._lost(f"replica all-reduce of {name}", exc) from exc
+            return
+        state._reduce(sync, name, reduce_output)
+
+    return hook
+
+
+def _hsdp_groups(mesh: Any) -> tuple[Any, Any]:
+    """This rank's shard group (its node) and replicate group from HSDP's 2-D mesh, as
+    Gloo groups (made anew, by every rank in the same order, where the mesh's are not)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if mesh.ndim != 2 or sorted(names) != ["replicate", "shard"]:
+        raise ConfigError("mesh= takes HSDP's 2-D DeviceMesh with dimensions named "
+                          f"'replicate' and 'shard', not one of shape {tuple(mesh.shape)} "
+                          f"named {names}")
+    shard, replicate = mesh["shard"].get_group(), mesh["replicate"].get_group()
+    if dist.get_backend(shard) == "gloo" and dist.get_backend(replicate) == "gloo":
+        return shard, replicate
+    grid = mesh.mesh if names[0] == "replicate" else mesh.mesh.t()
+    me = dist.get_rank()
+    mine = [None, None]
+    for k, lines in enumerate(([row.tolist() for row in grid],
+                               [col.tolist() for col in grid.t()])):
+        for ranks in lines:
+            group = dist.new_group(ranks, backend="gloo")
+            if me in ranks:
+                mine[k] = group
+    return mine[0], mine[1]
+
+
 def _scale(op: Any, world: int) -> float:
     """What the engine's mean is multiplied by for FSDP's reduce op."""
     if op == dist.ReduceOp.AVG:
@@ -265,9 +363,11 @@ def _scale(op: Any, world: int) -> float:
 
 
 def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
-                  all_gather: str | None = None, error_feedback: bool | None = None,
-                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
-                  trace: bool = False, **codec_params: Any) -> FSDPState:
+                  all_gather: str | None = None, mesh: Any = None,
+                  reduce_scatter: bool | None = None, topology: str = "ps",
+                  error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
+                  timeout: float | None = None, trace: bool = False,
+                  **codec_params: Any) -> FSDPState:
     """Compress FSDP2's gradient reduce-scatter with a CompLL algorithm.
 
     Call it after ``fully_shard`` has wrapped the model (every FSDP module that owns
@@ -275,16 +375,20 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
     has none). Every rank must call it with the same settings.
 
     Args:
-        model: the model, wrapped by ``fully_shard`` (1-D mesh over the job).
-        algorithm, all_gather, error_feedback, min_compress, timeout, trace,
-            **codec_params: see ``FSDPState``.
+        model: the model, wrapped by ``fully_shard``: over the whole job (1-D), or for
+            HSDP over ``mesh["shard"]`` (one node).
+        mesh: HSDP's 2-D ``(replicate, shard)`` DeviceMesh: each reduced shard is then
+            all-reduced across ``mesh["replicate"]`` through HiPress, compressed.
+        algorithm, all_gather, reduce_scatter, topology, error_feedback, min_compress,
+            timeout, trace, **codec_params: see ``FSDPState``.
 
     Returns:
         The ``FSDPState``: save ``state_dict()`` with each rank's checkpoint.
 
     Raises:
         ConfigError: no FSDP module owns parameters, a module is sharded over a 2-D
-            (HSDP) mesh, or a bad setting.
+            mesh (FSDP's own HSDP: shard over ``mesh["shard"]`` and pass ``mesh``), or
+            a bad setting.
 
     Example:
         >>> for block in model.blocks:
@@ -292,9 +396,15 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
         >>> fully_shard(model)
         >>> state = hp.compress_fsdp(model, algorithm="cgx", bits=4)
         >>> state = hp.compress_fsdp(model, algorithm="cgx", all_gather="int8")  # weights too
+        >>> mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+        >>> fully_shard(model, mesh=mesh["shard"])              # HSDP, HiPress's all-reduce
+        >>> state = hp.compress_fsdp(model, algorithm="cgx", mesh=mesh)
     """
     state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, all_gather,
-                      **codec_params)
+                      reduce_scatter, topology, **codec_params)
+    if mesh is not None:
+        shard, state.replicate_group = _hsdp_groups(mesh)
+        state.options.group, state.replica_options.group = shard, state.replicate_group
     for name, module in model.named_modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -302,11 +412,14 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
         if not groups:
             continue  # owns no parameters: nothing of its own to reduce
         if any(type(g.mesh_info).__name__ == "HSDPMeshInfo" for g in groups):
-            raise ConfigError(f"{name or 'the model'} is sharded over a 2-D (HSDP) mesh; "
-                              "compress_fsdp supports 1-D meshes")
+            raise ConfigError(f"{name or 'the model'} is sharded over a 2-D mesh (FSDP's own "
+                              "HSDP, whose replica all-reduce HiPress cannot reach): shard "
+                              "over mesh['shard'] and pass compress_fsdp(..., mesh=mesh)")
         key = f"fsdp{len(state.modules)}"
         module.set_custom_reduce_scatter(_Comm(state, key))
         module.set_custom_all_gather(_Gather(state, key))
+        if mesh is not None:
+            module.set_all_reduce_hook(_replica_hook(state, key))
         state.modules.append(name)
     if not state.modules:
         raise ConfigError("compress_fsdp found no FSDP module that owns parameters; call "
