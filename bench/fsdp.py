@@ -13,6 +13,11 @@ the same model.
 
     hipress bench fsdp                       # 4 namespaces, tc-shaped 1 Gbit/s (root)
     hipress bench fsdp --ranks 2 --steps 120
+    hipress bench fsdp --nodes 2 --ranks-per-node 2 --hsdp   # HSDP across 2 nodes
+
+With ``--hsdp`` the methods are HSDP's: FSDP2's own (the 2-D mesh, its all-reduce across
+nodes in float32), and HiPress's compressed replica all-reduce (cgx 4 bits), each node's
+reduce-scatter FSDP2's own; with ``--nodes`` only the links between nodes are shaped.
 
 FSDP2's collectives talk to torch.distributed directly and cannot be software-paced, so
 the benchmark needs the shaped links (root).
@@ -29,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from bench.train import smoothed, time_to  # noqa: E402
-from hipress.cliargs import Parser, count, rate  # noqa: E402
+from hipress.cliargs import Parser, add_nodes, count, nodes_of, rate  # noqa: E402
 from hipress.launcher import run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
@@ -42,30 +47,49 @@ METHODS = {
     "HiPress cgx + int8 all-gather": ["--sync", "hipress", "--algorithm", "cgx", "--bits", "4",
                                       "--all-gather", "int8"],
 }
+HSDP_BASE = "HSDP"
+HSDP_METHODS = {
+    HSDP_BASE: ["--sync", "fsdp"],
+    "HiPress HSDP cgx": ["--sync", "hipress", "--algorithm", "cgx", "--bits", "4"],
+    "HiPress HSDP cgx + int8 all-gather": ["--sync", "hipress", "--algorithm", "cgx",
+                                           "--bits", "4", "--all-gather", "int8"],
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="hipress bench fsdp", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=count(2), default=4)
+    add_nodes(parser)
+    parser.add_argument("--hsdp", action="store_true",
+                        help="HSDP: a replica per node (needs --nodes; see above)")
     parser.add_argument("--bandwidth", type=rate, default="1gbit")
     parser.add_argument("--steps", type=count(12), default=80)
     parser.add_argument("--dim", type=count(6), default=384, help="13.8M parameters")
     parser.add_argument("--batch", type=count(1), default=2, help="sequences per rank")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+",
+                        choices=[*METHODS, *HSDP_METHODS], help="default: all of the mode's")
     parser.add_argument("--out", type=Path, default=RESULTS / "fsdp.json")
     args = parser.parse_args(argv)
-    methods = [BASE, *(m for m in dict.fromkeys(args.methods) if m != BASE)]
+    ranks, per_node = nodes_of(args)
+    table, base = (HSDP_METHODS, HSDP_BASE) if args.hsdp else (METHODS, BASE)
+    if args.hsdp and args.nodes is None:
+        parser.error("--hsdp needs --nodes and --ranks-per-node")
+    methods = [base, *(m for m in dict.fromkeys(args.methods or table) if m != base)]
+    unknown = [m for m in methods if m not in table]
+    if unknown:
+        parser.error(f"{', '.join(unknown)} not in this mode's methods: {', '.join(table)}")
     rows = []
     for method in methods:
         metrics = args.out.parent / f"fsdp-{method.replace(' ', '_')}.json"
         metrics.parent.mkdir(parents=True, exist_ok=True)
         metrics.unlink(missing_ok=True)
-        cmd = [str(HERE.parent / "examples" / "torch_fsdp_train.py"), *METHODS[method],
+        cmd = [str(HERE.parent / "examples" / "torch_fsdp_train.py"), *table[method],
                "--steps", str(args.steps), "--dim", str(args.dim), "--batch",
                str(args.batch), "--metrics", str(metrics)]
+        if args.hsdp:
+            cmd += ["--hsdp", str(args.nodes)]
         print(f"== {method}", flush=True)
-        code = run_shaped(args.ranks, args.bandwidth, cmd)
+        code = run_shaped(ranks, args.bandwidth, cmd, per_node)
         if code or not metrics.exists():
             print(f"{method} failed with exit code {code}", file=sys.stderr)
             return 1
@@ -88,9 +112,13 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
     curve = smoothed(base["clock"])
     target = curve[max(9, 3 * len(curve) // 4 - 1)][1]
     base_time = time_to(target, base["clock"])
-    table = Table(title=f"FSDP2, GPT-style LM: {args.ranks} ranks, {args.bandwidth} shaped "
-                        f"links, {args.steps} steps; target loss {target:.3f}")
-    for col in ("method", "samples/s", f"vs {BASE}", "to target s", f"vs {BASE} ",
+    name = base["method"]
+    where = f"{args.nodes} nodes x {args.ranks_per_node} ranks" if args.nodes else \
+        f"{args.ranks} ranks"
+    table = Table(title=f"{'HSDP' if args.hsdp else 'FSDP2'}, GPT-style LM: {where}, "
+                        f"{args.bandwidth} shaped links, {args.steps} steps; target loss "
+                        f"{target:.3f}")
+    for col in ("method", "samples/s", f"vs {name}", "to target s", f"vs {name} ",
                 "last loss", "MB sent/step", "identical"):
         table.add_column(col, justify="left" if col == "method" else "right")
     for r in rows:

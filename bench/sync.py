@@ -26,6 +26,7 @@ take their steps round-robin, one of each in turn. With
 
     hipress bench sync                                   # 4 ranks on loopback
     sudo hipress bench sync --network shaped             # namespaces, 1 Gbit/s links
+    sudo hipress bench sync --network shaped --nodes 2 --ranks-per-node 2
     torchrun --nnodes 16 --nproc-per-node 1 ... bench/sync.py   # a real cluster
 
 Under torchrun (``RANK`` set) the script is a worker itself; otherwise it starts the
@@ -52,7 +53,15 @@ sys.path.insert(0, str(HERE.parent))
 from casync.baselines import naive_step  # noqa: E402
 from casync.chunks import CHUNK_ELEMS  # noqa: E402
 from casync.plan import COMPRESSED, MIN_COMPRESS  # noqa: E402
-from hipress.cliargs import Parser, algorithm, count, number, rate  # noqa: E402
+from hipress.cliargs import (  # noqa: E402
+    Parser,
+    add_nodes,
+    algorithm,
+    count,
+    nodes_of,
+    number,
+    rate,
+)
 from hipress.distributed import destroy_process_group  # noqa: E402
 from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
@@ -428,8 +437,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
-    hosts_cm = shaped(args.ranks, args.bandwidth) if args.network == "shaped" \
-        else loopback(args.ranks)
+    ranks, per_node = nodes_of(args)
+    if per_node > 1 and args.network != "shaped":
+        raise SystemExit("--ranks-per-node needs --network shaped")
+    hosts_cm = shaped(ranks // per_node, args.bandwidth, per_node=per_node) \
+        if args.network == "shaped" else loopback(ranks)
     with hosts_cm as hosts:
         codes = run_on_hosts(hosts, [sys.executable, __file__, *argv],
                              dict(os.environ, PYTHONPATH=str(HERE.parent)))
@@ -444,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = Parser(prog="hipress bench sync", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=count(2), default=4, help="local ranks to start")
+    add_nodes(parser)
     parser.add_argument("--profile", default="resnet50",
                         help="gradient profile: resnet50, vgg19, bert-base, ..., or "
                              "many-small (160 tensors of 2,000 floats)")

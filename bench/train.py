@@ -22,6 +22,7 @@ compute step) / the engine's own sync time for the same gradients.
     sudo hipress bench train                 # 4 namespaces, tc-shaped 1 Gbit/s links
     hipress bench train --network paced      # no root: software-paced uplinks
     sudo hipress bench train --ranks 2 --models transformer --breakdown
+    sudo hipress bench train --nodes 2 --ranks-per-node 2   # only inter-node links shaped
 
 torch's hooks talk to torch.distributed directly and cannot be software-paced, so the
 paced mode runs only plain DDP and the HiPress methods.
@@ -38,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from hipress.breakdown import COLUMNS  # noqa: E402
-from hipress.cliargs import Parser, count, number, rate  # noqa: E402
+from hipress.cliargs import Parser, add_nodes, count, nodes_of, number, rate  # noqa: E402
 from hipress.launcher import run, run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
@@ -64,7 +65,7 @@ SMOOTH = 10
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="hipress bench train", description=__doc__,
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=count(2), default=4)
+    add_nodes(parser)
     parser.add_argument("--network", choices=["shaped", "paced"], default="shaped")
     parser.add_argument("--bandwidth", type=rate, default="1gbit")
     parser.add_argument("--models", nargs="+", default=["mlp", "resnet", "transformer"],
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also where each step's time goes (see above)")
     parser.add_argument("--out", type=Path, default=RESULTS / "train.json")
     args = parser.parse_args(argv)
+    ranks, per_node = nodes_of(args)
+    if per_node > 1 and args.network != "shaped":
+        parser.error("--ranks-per-node needs --network shaped")
     methods = select_methods(args.methods, args.network)
     if args.breakdown:
         methods.append(COMPUTE)
@@ -104,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.breakdown:
                 cmd.append("--breakdown")
             print(f"== {model}: {method}", flush=True)
-            code = run_shaped(args.ranks, args.bandwidth, cmd) if args.network == "shaped" \
-                else run(args.ranks, cmd, bandwidth=args.bandwidth)
+            code = run_shaped(ranks, args.bandwidth, cmd, per_node) \
+                if args.network == "shaped" else run(ranks, cmd, bandwidth=args.bandwidth)
             if code or not metrics.exists():
                 print(f"{method} failed with exit code {code}", file=sys.stderr)
                 return 1

@@ -17,7 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["Parser", "count", "number", "rate", "algorithm", "algorithm_or_none", "port"]
+__all__ = ["Parser", "count", "number", "rate", "algorithm", "algorithm_or_none", "port",
+           "add_nodes", "nodes_of"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -118,3 +119,26 @@ def choices_of(kind: str, allowed: Any) -> Callable[[str], str]:
 
     parse.__name__ = kind
     return parse
+
+
+def add_nodes(parser: argparse.ArgumentParser, ranks: int = 4) -> None:
+    """``--ranks`` (one per shaped node), or ``--nodes`` with ``--ranks-per-node``: nodes
+    whose ranks share a namespace, only the links between nodes shaped."""
+    parser.add_argument("--ranks", type=count(2), default=ranks,
+                        help="ranks, each a node of its own")
+    parser.add_argument("--nodes", type=count(1),
+                        help="shaped nodes (with --ranks-per-node; replaces --ranks)")
+    parser.add_argument("--ranks-per-node", type=count(1), default=1,
+                        help="ranks sharing each node's namespace (unshaped between them)")
+
+
+def nodes_of(args: argparse.Namespace) -> tuple[int, int]:
+    """(ranks, ranks per node) from ``add_nodes``'s options; sets ``args.ranks``."""
+    if args.nodes is not None:
+        args.ranks = args.nodes * args.ranks_per_node
+        if args.ranks < 2:
+            raise SystemExit("--nodes x --ranks-per-node must make at least 2 ranks")
+        return args.ranks, args.ranks_per_node
+    if args.ranks_per_node != 1:
+        raise SystemExit("--ranks-per-node needs --nodes")
+    return args.ranks, 1

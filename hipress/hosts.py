@@ -1,9 +1,12 @@
 """Local test hosts for benchmarks and the demo: loopback, or one namespace per rank.
 
 Shaped mode (root only) builds what a small cluster looks like: a network namespace
-per rank, each joined to one bridge by a veth pair, and each link shaped with
-``tc ... tbf`` in both directions (default 1 Gbit/s). Ranks run inside their namespace
-with ``ip netns exec``. Everything is removed on exit, also after a failure or Ctrl-C.
+per node, each joined to one bridge by a veth pair, and each link shaped with
+``tc ... tbf`` in both directions (default 1 Gbit/s). A node holds one rank, or
+``per_node`` ranks that share its namespace and address, so traffic between them stays
+on the node (unshaped, as between the GPUs of one machine) while traffic between nodes
+takes the shaped links. Ranks run inside their namespace with ``ip netns exec``.
+Everything is removed on exit, also after a failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -59,9 +62,13 @@ def _quiet(*args: str) -> None:
 
 
 @contextmanager
-def shaped(n: int, rate: str = "1gbit", tag: str = "hp") -> Iterator[list[Host]]:
-    """n namespaces on a bridge, each link shaped to ``rate`` each way; needs root."""
+def shaped(n: int, rate: str = "1gbit", tag: str = "hp",
+           per_node: int = 1) -> Iterator[list[Host]]:
+    """n namespaces (nodes) on a bridge, each link shaped to ``rate`` each way, and
+    ``per_node`` hosts (ranks) in each, node by node; needs root."""
     parse_rate(rate)
+    if per_node < 1:
+        raise ValueError(f"per_node must be at least 1, not {per_node}")
     if os.geteuid() != 0:
         raise PermissionError("shaped test hosts need root (ip netns, tc); run as root or "
                               "use --network loopback")
@@ -92,7 +99,7 @@ def shaped(n: int, rate: str = "1gbit", tag: str = "hp") -> Iterator[list[Host]]
                             "root", *tbf], check=True, capture_output=True)
             subprocess.run(["tc", "qdisc", "add", "dev", outer, "root", *tbf], check=True,
                            capture_output=True)
-            hosts.append(Host(("ip", "netns", "exec", ns), addr, inner))
+            hosts += [Host(("ip", "netns", "exec", ns), addr, inner)] * per_node
         yield hosts
     finally:
         for i, ns in enumerate(namespaces):

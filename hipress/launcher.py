@@ -167,14 +167,17 @@ def _listening(addr: str, port: int) -> bool:
         return False
 
 
-def run_shaped(ranks: int, bandwidth: str, args: list[str]) -> int:
-    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only),
-    one rank per network namespace, as on ``ranks`` one-GPU nodes."""
+def run_shaped(ranks: int, bandwidth: str, args: list[str], per_node: int = 1) -> int:
+    """Run ``args`` (a script and its options) on ``ranks`` shaped test hosts (root only):
+    one rank per network namespace, as on one-GPU nodes, or ``per_node`` ranks sharing
+    each namespace (``ranks / per_node`` nodes whose links alone are shaped)."""
     command = _this_python(args)
     if command[0].endswith(".py"):
         command.insert(0, sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "HIPRESS_BANDWIDTH"}  # real links
-    with shaped(ranks, bandwidth) as hosts:
+    if ranks % per_node:
+        raise ValueError(f"{ranks} ranks do not fill nodes of {per_node}")
+    with shaped(ranks // per_node, bandwidth, per_node=per_node) as hosts:
         return max(abs(code) for code in run_on_hosts(hosts, command, env))
 
 

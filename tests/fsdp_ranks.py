@@ -186,16 +186,19 @@ def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 def scatter(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """CaSync's ``scatter`` topology on its own: ``steps`` reduce-scatters of a flat
-    buffer of ``SCATTER_N`` elements. Arrays: every step's result (``out{step}``)."""
+    buffer of ``SCATTER_N`` elements (``device``, ``target``: as ``ranks.strategies``).
+    Arrays: every step's result (``out{step}``)."""
     import torch
 
     from casync import StaticPlanner, Synchronizer
     from casync.plan import SCATTER
 
+    ranks._stand_in(args)  # with ``device``: the CUDA path, on CPU tensors
     algo = args["algorithm"]
     sync = Synchronizer(algo, planner=StaticPlanner(algo, SCATTER, min_compress=0),
                         chunk_elems=args.get("chunk_elems", 16384), timeout=60,
-                        error_feedback=args.get("error_feedback"))
+                        error_feedback=args.get("error_feedback"),
+                        target=args.get("target", "auto"))
     arrays = {}
     for step in range(args.get("steps", 2)):
         x = torch.from_numpy(ranks.data(rank, 0, SCATTER_N, step))

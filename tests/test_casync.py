@@ -567,6 +567,11 @@ def test_shaped_hosts_are_removed_even_after_a_failure():
         assert len(namespaces() - before) == 2
         raise RuntimeError("boom")
     assert namespaces() == before
+    # nodes of two ranks: a namespace (and address) per node, node by node
+    with shaped(2, "100mbit", per_node=2) as hosts:
+        assert [h.addr for h in hosts][::2] == [h.addr for h in hosts][1::2]
+        assert hosts[0].addr != hosts[2].addr and len(namespaces() - before) == 2
+    assert namespaces() == before
 
 
 class _Alone:

@@ -157,6 +157,19 @@ def test_the_scatter_topology_leaves_each_shards_mean_on_its_owner(tmp_path, wor
         assert r["messages"] <= 2 * (world - 1) * len(pieces), r["messages"]
 
 
+@pytest.mark.parametrize("link", ["staged", "nccl"])
+def test_the_scatter_topology_on_the_device_path_gives_the_host_paths_bits(tmp_path, link):
+    """CUDA tensors' path (CPU tensors standing in, the CUDA kernels emulated), with error
+    feedback over 3 steps: the same bits as host memory and the CPU kernels."""
+    args = {"algorithm": "cgx", "steps": 3}
+    host = _run(2, "scatter", tmp_path / "host", args)
+    device = _run(2, "scatter", tmp_path / link, {**args, "device": link,
+                                                   "target": "cuda-emu"})
+    for h, d in zip(host, device, strict=True):
+        for key in h["arrays"]:
+            assert h["arrays"][key].tobytes() == d["arrays"][key].tobytes(), (link, key)
+
+
 def test_compress_fsdp_refuses_a_model_without_fsdp_modules():
     torch = pytest.importorskip("torch")
 
