@@ -158,8 +158,9 @@ def _compile_args(p: argparse.ArgumentParser) -> None:
 
 
 def _run_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-np", "--nproc", dest="np", type=count(1), required=True,
-                   help="ranks on this node")
+    p.add_argument("-np", "--nproc-per-node", "--nproc", dest="np", type=count(1),
+                   required=True, help="ranks on this node (per node, as torchrun's "
+                                       "--nproc-per-node: -np 2 --nnodes 2 is 4 ranks)")
     p.add_argument("--nnodes", type=count(1), default=1)
     p.add_argument("--node-rank", type=count(0), default=0)
     p.add_argument("--master-addr", help="address of node 0 (multi-node)")

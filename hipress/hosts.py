@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from casync.transport import parse_rate
 
-__all__ = ["Host", "loopback", "shaped", "parse_rate", "free_port", "thread_share"]
+__all__ = ["Host", "loopback", "shaped", "parse_rate", "free_port", "thread_share",
+           "interface_to"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def interface_to(addr: str) -> str | None:
+    """The network interface through which this host reaches ``addr`` (the one holding
+    the source address its route picks), or None when there is no route or it cannot
+    tell: what Gloo and NCCL must bind to when the hostname resolves to loopback."""
+    import fcntl
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(addr), 9))  # a UDP connect sends nothing
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    for _, name in socket.if_nameindex():
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                # SIOCGIFADDR: the interface's IPv4 address
+                info = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+        except OSError:
+            continue  # no IPv4 address
+        if socket.inet_ntoa(info[20:24]) == local:
+            return name
+    return None
 
 
 def thread_share(ranks: int) -> int:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError, SyncError
-from .hosts import Host, free_port, shaped, thread_share
+from .hosts import Host, free_port, interface_to, shaped, thread_share
 
 __all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts", "JOIN_TIMEOUT"]
 
@@ -78,7 +78,10 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
 
     Sets ``HIPRESS_ALGORITHM``, ``HIPRESS_BANDWIDTH`` (software-paced uplink per rank)
     and ``HIPRESS_TIMEOUT`` when given, and gives each rank an even share of the
-    node's cores for kernels (``HIPRESS_THREADS``) unless already set.
+    node's cores for kernels (``HIPRESS_THREADS``) unless already set. On several nodes
+    it binds Gloo and NCCL to the interface that routes to ``master_addr``
+    (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) unless the user chose one: by
+    default they bind to the hostname's address, which is often loopback.
     """
     from casync.transport import parse_rate
 
@@ -100,6 +103,11 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     cmd = torchrun_command(nproc, command, nnodes, node_rank, master_addr, master_port,
                            max_restarts)
+    if nnodes > 1 and master_addr is not None:
+        ifname = interface_to(master_addr)
+        if ifname is not None:
+            env.setdefault("GLOO_SOCKET_IFNAME", ifname)
+            env.setdefault("NCCL_SOCKET_IFNAME", ifname)
     try:
         if nnodes > 1:
             assert master_addr is not None  # torchrun_command checked it

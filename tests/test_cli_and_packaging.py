@@ -257,3 +257,54 @@ def test_the_examples_read_scikit_learns_own_digits():
     assert x.dtype == np.float32 and y.dtype == np.int64 and x.shape == (1797, 64)
     assert x.tobytes() == (reference.data / 16.0).astype(np.float32).tobytes()
     assert y.tobytes() == reference.target.astype(np.int64).tobytes()
+
+
+def test_interface_to_finds_the_route_to_an_address():
+    from hipress.hosts import interface_to
+
+    assert interface_to("127.0.0.1") == "lo"
+    assert interface_to("no-such-host.invalid") is None
+
+
+_TWO_NODES = """
+import os, sys
+import torch, torch.distributed as dist
+import hipress.torch as hp
+hp.init()
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+open(sys.argv[1] + f"/rank{dist.get_rank()}", "w").write(
+    f"{t.item()} {os.environ.get('GLOO_SOCKET_IFNAME')}")
+hp.shutdown()
+"""
+
+
+@pytest.mark.parallel
+def test_hipress_run_joins_two_nodes_on_the_interface_that_routes_to_node_0(tmp_path):
+    """Two network namespaces as two nodes whose hostname resolves to loopback: as the
+    README writes the command, without GLOO_SOCKET_IFNAME, each node's rank binds to its
+    route to node 0 and the job runs."""
+    import os
+
+    from hipress.hosts import free_port, shaped
+
+    script = tmp_path / "job.py"
+    script.write_text(_TWO_NODES)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    env["PYTHONPATH"] = str(ROOT)
+    port = str(free_port())
+    with shaped(2, "1gbit") as hosts:
+        procs = [subprocess.Popen([*h.prefix, sys.executable, "-m", "hipress", "run", "-np",
+                                   "1", "--nnodes", "2", "--node-rank", str(r),
+                                   "--master-addr", hosts[0].addr, "--master-port", port,
+                                   "--join-timeout", "60", str(script), str(tmp_path)],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+                 for r, h in enumerate(hosts)]
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, log in zip(procs, logs, strict=True):
+        assert p.returncode == 0, log[-3000:]
+    for r, h in enumerate(hosts):
+        total, ifname = (tmp_path / f"rank{r}").read_text().split()
+        assert float(total) == 3.0 and ifname == h.ifname
