@@ -334,10 +334,13 @@ def worker(args: argparse.Namespace) -> int:
             np.copyto(t, o)
 
     rows: list[dict[str, Any]] = []
+    # Started by ``orchestrate`` on local test hosts, or directly (torchrun, hipress run,
+    # Slurm) on a cluster, whose links are what they are: their rate is measured below.
+    local = os.environ.get(_LOCAL)
     result: dict[str, Any] = {"profile": args.profile, "world": world,
-                              "elements": int(flat.size), "network": args.network,
-                              "rate": args.bandwidth, "scale": args.scale,
-                              "host": platform.node(), "rows": rows}
+                              "elements": int(flat.size), "network": local or "cluster",
+                              "rate": args.bandwidth if local == "shaped" else None,
+                              "scale": args.scale, "host": platform.node(), "rows": rows}
     if world > 1:
         result["link_Bps"] = _link_rate(dist, rank)
         say(f"link rate rank 0 -> 1: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
@@ -373,6 +376,8 @@ def worker(args: argparse.Namespace) -> int:
     if rank == 0:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
+        if not local:  # on a cluster no orchestrator prints it
+            report(result, args.out)
     dist.barrier()
     destroy_process_group()
     return 0
@@ -436,6 +441,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+#: set by ``orchestrate`` for its workers: which local test network they run on
+_LOCAL = "HIPRESS_BENCH_NETWORK"
+
+
 def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
     ranks, per_node = nodes_of(args)
     if per_node > 1 and args.network != "shaped":
@@ -444,7 +453,8 @@ def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
         if args.network == "shaped" else loopback(ranks)
     with hosts_cm as hosts:
         codes = run_on_hosts(hosts, [sys.executable, __file__, *argv],
-                             dict(os.environ, PYTHONPATH=str(HERE.parent)))
+                             dict(os.environ, PYTHONPATH=str(HERE.parent),
+                                  **{_LOCAL: args.network}))
     if any(codes):
         print(f"ranks exited with {codes}", file=sys.stderr)
         return 1
