@@ -74,11 +74,16 @@ def float_input(x: Any, cuda: bool) -> Any:
 def encode_items(xs: Sequence[Any], res: list[Any], caps: list[int], steps: Sequence[int],
                   base: int, feedback: bool, cuda: bool) -> np.ndarray:
     """The rows of a batched encode: each segment's input, residual, size, output slot
-    (payloads end to end from address ``base``), capacity, RNG step and flags."""
+    (payloads end to end from address ``base``), capacity, RNG step and flags. The rows
+    hold addresses only: ``xs`` must be contiguous float32 already (``float_input``),
+    kept alive by the caller until the kernels have run."""
     items = np.zeros(len(xs), ENCODE_ITEM)
     if not len(xs):
         return items
     data = [float_input(x, cuda) for x in xs]
+    if any(d is not x and ptr(d) != ptr(x) for d, x in zip(data, xs, strict=True)):
+        raise ConfigError("encode_items takes contiguous float32 inputs (float_input): a "
+                          "copy made here would be freed before the kernels read it")
     items["g"] = [ptr(x) for x in data]
     items["r"] = [0 if r is None else ptr(check_buffer(r, x.size if not cuda else x.numel(),
                                                          "residual=", cuda))

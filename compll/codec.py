@@ -18,6 +18,7 @@ from .buffers import (
     check_buffer,
     check_count,
     encode_items,
+    float_input,
     is_cuda,
     is_torch,
     numel,
@@ -266,6 +267,9 @@ class Codec:
             xs = [check_buffer(x, numel(x), "xs= (a merge's target)", cuda) for x in xs]
             if len(xs) == 0 and numel(merge):
                 raise PayloadError(f"{numel(merge)} bytes for no segments")
+        else:
+            # Held here until the kernels have read them: the rows keep only addresses.
+            xs = [float_input(x, cuda) for x in xs]
         buf = byte_buffer(out, sum(caps), xs[0] if cuda else None)
         items = encode_items(xs, res, caps, steps_, ptr(buf), feedback, cuda)
         kernel = self._kernel(backend)

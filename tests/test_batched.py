@@ -345,3 +345,16 @@ def test_sparse_decodes_into_special_accumulators_match_the_reference(name, scal
     # and overwriting: scale * 0 (a -0 for a negative scale) where nothing is scattered
     assert cpu.decode(payload, n, scale=scale).tobytes() == \
         ref.decode(payload, n, scale=scale).tobytes()
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("name", ["onebit", "cgx"])
+def test_a_batch_of_other_dtypes_and_strides_encodes_as_their_float32_copies(name):
+    """float64 and strided segments are converted once and held until the kernels have
+    read them (the rows carry only addresses)."""
+    c = hipress.codec(name, target="cpu", seed=3)
+    base = [gradient(n, seed=i) for i, n in enumerate([5000, 70_001, 3])]
+    inputs = [base[0].astype(np.float64), np.repeat(base[1], 2)[::2], base[2]]
+    want, want_sizes = c.encode_batch(base, steps=[1, 2, 3])
+    got, sizes = c.encode_batch(inputs, steps=[1, 2, 3])
+    assert sizes == want_sizes and got.tobytes() == want.tobytes()
