@@ -300,9 +300,15 @@ def test_hipress_run_joins_two_nodes_on_the_interface_that_routes_to_node_0(tmp_
                                    "--master-addr", hosts[0].addr, "--master-port", port,
                                    "--join-timeout", "60", str(script), str(tmp_path)],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True)
+                                  text=True, start_new_session=True)
                  for r, h in enumerate(hosts)]
-        logs = [p.communicate(timeout=240)[0] for p in procs]
+        try:
+            logs = [p.communicate(timeout=240)[0] for p in procs]
+        finally:  # a job that hangs must not outlive its namespaces
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 9)
+                    p.wait()
     for p, log in zip(procs, logs, strict=True):
         assert p.returncode == 0, log[-3000:]
     for r, h in enumerate(hosts):
