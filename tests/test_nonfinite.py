@@ -123,16 +123,18 @@ def test_batches_keep_the_flag_per_segment(name):
 
 
 def test_the_scaled_sum_of_a_batched_decode_is_nan_where_one_payload_was_flagged():
+    """An allgather's mean of two payloads, as its graph runs it: the first added into the
+    output, the second added and the sum scaled (one call each: rows of one call write
+    distinct outputs, in parallel)."""
     c = hipress.codec("terngrad", target="cpu")
     a, b = gradient(N, seed=1), gradient(N, seed=2)
     b[5] = np.nan
-    msg = np.concatenate([c.encode(a, step=1), c.encode(b, step=2)])
     out = np.zeros(N, np.float32)
-    items = np.zeros(2, DECODE_ITEM)
-    items["p"][0], items["size"][0] = msg.ctypes.data, msg.size
-    items["n"] = N
-    items["out"] = out.ctypes.data
-    c.decode_items(items, scale=0.5, scale_sum=True)  # an allgather's mean of two payloads
+    for sent, last in ((c.encode(a, step=1), False), (c.encode(b, step=2), True)):
+        items = np.zeros(1, DECODE_ITEM)
+        items["p"][0], items["size"][0] = sent.ctypes.data, sent.size
+        items["n"], items["out"] = N, out.ctypes.data
+        c.decode_items(items, accumulate=True, scale=0.5 if last else 1.0, scale_sum=last)
     assert (out.view(np.uint32) == NAN_BITS).all()
 
 
