@@ -176,17 +176,23 @@ def _decode(graph: Graph, ctx: Context, name: str, prio: tuple[int, int], messag
     return graph.task(name, Lane.COMPUTE, prio, run, deps)
 
 
-def build_ps(ctx: Context, graph: Graph) -> None:
-    """Parameter server with co-located aggregators: each segment is reduced on its owner.
+@dataclass
+class _Uploads:
+    """The first stage of ``ps`` and ``scatter``: what each owner reduces, and the
+    workers' messages to it."""
 
-    Per chunk, a worker sends one message to each aggregator (the payloads of the
-    segments it owns) and receives one reply; an aggregator merges the workers' messages
-    in rank order, re-encodes once and sends the same bytes to every rank. Two stages:
-    the uploads, then the replies.
-    """
-    assert ctx.codec is not None
+    owned: list[list[Segment]]  # per rank, the chunk's segments it owns
+    mine: list[Segment]  # this rank's
+    aggs: list[int]  # the other ranks this one sends to (they own segments here)
+    workers: list[int]  # the ranks this one receives from (none if it owns nothing)
+    sent: list[Task]
+    got: list[tuple[Task, Got]]
+
+
+def _upload(ctx: Context, graph: Graph) -> _Uploads:
+    """A worker encodes the segments each other owner owns into one message for it; an
+    owner posts a receive from every other rank."""
     rank, world = ctx.rank, ctx.world
-    mean = 1.0 / world
     owned = [[s for s in ctx.chunk.segments if s.owner == agg] for agg in range(world)]
     mine = owned[rank]
     aggs = [agg for agg in range(world) if agg != rank and owned[agg]]
@@ -197,6 +203,23 @@ def build_ps(ctx: Context, graph: Graph) -> None:
     workers = [src for src in range(world) if src != rank] if mine else []
     sent, got = _messages(graph, ctx, "up", (1, 0), ctx.tag_of(0), uploads,
                           [_In(f"agg/recv{src}", (1, src), mine, src) for src in workers])
+    return _Uploads(owned, mine, aggs, workers, sent, got)
+
+
+def build_ps(ctx: Context, graph: Graph) -> None:
+    """Parameter server with co-located aggregators: each segment is reduced on its owner.
+
+    Per chunk, a worker sends one message to each aggregator (the payloads of the
+    segments it owns) and receives one reply; an aggregator merges the workers' messages
+    in rank order, re-encodes once and sends the same bytes to every rank. Two stages:
+    the uploads, then the replies.
+    """
+    assert ctx.codec is not None
+    world = ctx.world
+    mean = 1.0 / world
+    up = _upload(ctx, graph)
+    owned, mine, aggs, workers, sent, got = (up.owned, up.mine, up.aggs, up.workers,
+                                             up.sent, up.got)
     replies: list[_Out] = []
     total: Got | None = None
     t_enc: Task | None = None
@@ -234,22 +257,12 @@ def build_scatter(ctx: Context, graph: Graph) -> None:
     holds the mean; a rank's copy of the other shards is left as it was. One stage.
     """
     assert ctx.codec is not None
-    rank, world = ctx.rank, ctx.world
-    owned = [[s for s in ctx.chunk.segments if s.owner == agg] for agg in range(world)]
-    mine = owned[rank]
-    aggs = [agg for agg in range(world) if agg != rank and owned[agg]]
-    uploads = []
-    for agg in aggs:
-        t_up, upload = _encode(graph, ctx, f"to{agg}/encode", (0, agg), owned[agg], "worker")
-        uploads.append(_Out(f"to{agg}/send", (1, agg), upload, agg, (t_up,)))
-    workers = [src for src in range(world) if src != rank] if mine else []
-    _, got = _messages(graph, ctx, "up", (1, 0), ctx.tag_of(0), uploads,
-                       [_In(f"agg/recv{src}", (1, src), mine, src) for src in workers])
+    up = _upload(ctx, graph)
     t_prev: Task | None = None
-    for src, (t_recv, theirs) in zip(workers, got, strict=True):
-        mean = 1.0 / world if src == workers[-1] else None
-        t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, mine, True, mean,
-                         (t_prev, t_recv))
+    for src, (t_recv, theirs) in zip(up.workers, up.got, strict=True):
+        mean = 1.0 / ctx.world if src == up.workers[-1] else None
+        t_prev = _decode(graph, ctx, f"agg/merge{src}", (2, src), theirs, up.mine, True,
+                         mean, (t_prev, t_recv))
 
 
 def build_ring(ctx: Context, graph: Graph) -> None:
