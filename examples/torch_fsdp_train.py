@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import _checkpoints as checkpoints  # noqa: E402
 from _lm import GPT, MarkovTokens  # noqa: E402
 
 import hipress.torch as hp  # noqa: E402
@@ -69,31 +69,22 @@ def shard(model: GPT, args: argparse.Namespace) -> Any:
 
 
 def save(folder: Path, rank: int, step: int, model: nn.Module, opt: torch.optim.Optimizer,
-         state: Any, keep: int = 2) -> None:
+         state: Any) -> None:
     """This rank's shards, optimizer state and HiPress state after ``step`` steps."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"rank{rank}-step{step:07d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                "hipress": state.state_dict() if state is not None else None}, tmp)
-    os.replace(tmp, path)
-    for old in sorted(folder.glob(f"rank{rank}-step*.pt"))[:-keep]:
-        old.unlink()
+    checkpoints.save(folder, rank, step, {
+        "model": model.state_dict(), "opt": opt.state_dict(),
+        "hipress": state.state_dict() if state is not None else None})
 
 
 def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
            state: Any) -> int:
     """Load the newest step every rank saved; the step to continue from (0: none)."""
-    mine = sorted(int(p.stem.split("step")[1]) for p in folder.glob(f"rank{rank}-step*.pt"))
-    everyone = set.intersection(*(set(steps) for steps in allgather_object(mine)))
-    if not everyone:
-        return 0
-    step = max(everyone)
-    saved = torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=False)
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    if state is not None and saved["hipress"] is not None:
-        state.load_state_dict(saved["hipress"])
+    step, saved = checkpoints.newest(folder, rank)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        if state is not None and saved["hipress"] is not None:
+            state.load_state_dict(saved["hipress"])
     return step
 
 

@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _checkpoints as checkpoints
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -180,33 +181,24 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
 
 
 def save_checkpoint(folder: Path, rank: int, step: int, model: nn.Module,
-                    opt: torch.optim.Optimizer, hook: Any, keep: int = 2) -> None:
-    """This rank's state after ``step`` steps, written atomically; older ones pruned."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"rank{rank}-step{step:07d}.pt"
-    tmp = path.with_suffix(".tmp")
+                    opt: torch.optim.Optimizer, hook: Any) -> None:
+    """This rank's state after ``step`` steps (``_checkpoints.save``)."""
     # A DistributedOptimizer's state_dict() holds HiPress's state; a DDP hook's is apart.
-    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-                "hook": hook.state_dict() if hook is not None else None}, tmp)
-    os.replace(tmp, path)
-    for old in sorted(folder.glob(f"rank{rank}-step*.pt"))[:-keep]:
-        old.unlink()
+    checkpoints.save(folder, rank, step, {
+        "step": step, "model": model.state_dict(), "opt": opt.state_dict(),
+        "hook": hook.state_dict() if hook is not None else None})
 
 
 def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
            hook: Any) -> int:
-    """Load the newest step that every rank saved (a rank may have died between its save
-    and the others'); the step to continue from, 0 without checkpoints."""
-    mine = sorted(int(p.stem.split("step")[1]) for p in folder.glob(f"rank{rank}-step*.pt"))
-    everyone = set.intersection(*(set(steps) for steps in allgather_object(mine)))
-    if not everyone:
-        return 0
-    step = max(everyone)
-    saved = torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=False)
-    model.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    if hook is not None and saved["hook"] is not None:
-        hook.load_state_dict(saved["hook"])
+    """Load the newest step that every rank saved; the step to continue from, 0 without
+    checkpoints."""
+    step, saved = checkpoints.newest(folder, rank)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        if hook is not None and saved["hook"] is not None:
+            hook.load_state_dict(saved["hook"])
     return step
 
 
