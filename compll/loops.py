@@ -84,11 +84,13 @@ class _Hoister:
                  params: Mapping[str, object]) -> None:
         self.arrays, self.scalars, self.params = arrays, scalars, params
         self.lets: list[Scalar] = []  # the temporaries the current item needs first
+        self.made = 0  # temporaries named so far
 
     def temp(self, e: ir.Expr) -> ir.Var:
         assert e.ty is not None
         elem = promote_one(e.ty.elem) if e.ty.literal else e.ty.elem
-        name = f"%{sum(1 for s in self.scalars if s.startswith('%')) + 1}"
+        self.made += 1
+        name = f"%{self.made}"
         self.scalars[name] = elem
         self.lets.append(Scalar(name, e, elem))
         return ir.Var(name, e.pos, ir.Type.scalar(elem))
