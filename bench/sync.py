@@ -52,7 +52,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from casync.baselines import naive_step  # noqa: E402
 from casync.chunks import CHUNK_ELEMS  # noqa: E402
-from casync.plan import COMPRESSED, MIN_COMPRESS  # noqa: E402
+from casync.hierarchy import INTRA_DTYPES  # noqa: E402
+from casync.plan import COMPRESSED, HIERARCHICAL, MIN_COMPRESS  # noqa: E402
 from hipress.cliargs import (  # noqa: E402
     Parser,
     add_nodes,
@@ -162,18 +163,19 @@ def _critical_path(dist: Any, sync: Any, step: Any, reset: Any) -> float:
     return _max_over_ranks(dist, time.perf_counter() - t0)
 
 
-def _link_rate(dist: Any, rank: int, nbytes: int = 16 << 20) -> float:
-    """Goodput of one link (rank 0 -> rank 1) in bytes/s, measured with Gloo."""
+def _link_rate(dist: Any, rank: int, peer: int = 1, nbytes: int = 16 << 20) -> float:
+    """Goodput of one link (rank 0 -> ``peer``) in bytes/s, measured with Gloo."""
     import torch
 
     buf = torch.zeros(nbytes, dtype=torch.uint8)
     dist.barrier()
     t0 = time.perf_counter()
     if rank == 0:
-        dist.send(buf, 1)
-    elif rank == 1:
+        dist.send(buf, peer)
+    elif rank == peer:
         dist.recv(buf, 0)
-    took = torch.tensor([time.perf_counter() - t0 if rank == 1 else 0.0], dtype=torch.float64)
+    took = torch.tensor([time.perf_counter() - t0 if rank == peer else 0.0],
+                        dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return nbytes / float(took)
 
@@ -237,14 +239,17 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     # compared with the fixed strategies, and each with the allreduce, fairly.
     syncs: dict[str, Synchronizer] = {}
     for topo in args.topologies:
-        planner: Any = StaticPlanner(algo, "ps" if topo == "auto" else topo,
-                                     min_compress=args.min_compress)
+        flat_topo = topo if topo in COMPRESSED else "ps"  # auto's default; across nodes
+        planner: Any = StaticPlanner(algo, flat_topo, min_compress=args.min_compress)
         if topo == "auto":
             from casync.planner import CostPlanner
 
             planner = CostPlanner(cost, (algo,))
-        syncs[topo] = Synchronizer(algo, "ps" if topo == "auto" else topo, timeout=600,
-                                   chunk_elems=args.chunk_elems, planner=planner)
+        # hierarchical: its nodes from LOCAL_WORLD_SIZE (--ranks-per-node), ps across
+        levels = {"intra_dtype": args.intra_dtype} if topo == HIERARCHICAL else {}
+        syncs[topo] = Synchronizer(algo, topo if topo == HIERARCHICAL else flat_topo,
+                                   timeout=600, chunk_elems=args.chunk_elems,
+                                   planner=planner, **levels)
 
     names = [f"t{i}" for i in range(len(tensors))]
 
@@ -260,6 +265,8 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         # after is the first to run that plan (its buffers and residuals): warm up both.
         _timed(dist, step_of(sync), reset, 0, warmup=2 if topo == "auto" else 1)
         sent0[topo] = sync.transport.bytes_sent
+        sent0[f"{topo} across"] = getattr(sync.transport, "across_bytes",
+                                          sync.transport.bytes_sent)
         msgs0[topo] = _messages(sync.transport)
     times: dict[str, list[float]] = {topo: [] for topo in syncs}
     for _ in range(args.steps):
@@ -270,7 +277,10 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         steps = max(args.steps, 1)
         sent = (sync.transport.bytes_sent - sent0[topo]) / steps
         messages = _max_over_ranks(dist, (_messages(sync.transport) - msgs0[topo]) / steps)
-        critical = _critical_path(dist, sync, step_of(sync), reset) + sent / link_Bps
+        # bytes across the network: a hierarchical engine's intra-node ones stay on the node
+        across = (getattr(sync.transport, "across_bytes", sync.transport.bytes_sent)
+                  - sent0.get(f"{topo} across", 0)) / steps
+        critical = _critical_path(dist, sync, step_of(sync), reset) + across / link_Bps
         rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,
                      "seconds": statistics.median(times[topo]), "all_seconds": times[topo],
                      "bytes_per_rank": sent, "messages_per_step": messages,
@@ -342,8 +352,11 @@ def worker(args: argparse.Namespace) -> int:
                               "rate": args.bandwidth if local == "shaped" else None,
                               "scale": args.scale, "host": platform.node(), "rows": rows}
     if world > 1:
-        result["link_Bps"] = _link_rate(dist, rank)
-        say(f"link rate rank 0 -> 1: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
+        # between nodes where ranks share nodes (the first rank of node 1)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        peer = per_node if 1 < per_node < world else 1
+        result["link_Bps"] = _link_rate(dist, rank, peer)
+        say(f"link rate rank 0 -> {peer}: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
         if args.probe:
             result["probe"] = _probe(dist, rank)
             say(f"transport probe: {result['probe']}")
@@ -472,9 +485,13 @@ def main(argv: list[str] | None = None) -> int:
                              "many-small (160 tensors of 2,000 floats)")
     parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
     parser.add_argument("--topologies", nargs="+", default=list(COMPRESSED),
-                        choices=[*COMPRESSED, "auto"],
-                        help="ps, ring, allgather, and auto (the cost-model planner on a "
-                             "profile measured at the start of the run)")
+                        choices=[*COMPRESSED, HIERARCHICAL, "auto"],
+                        help="ps, ring, allgather, hierarchical (uncompressed inside each "
+                             "node of --ranks-per-node, ps across), and auto (the "
+                             "cost-model planner on a profile measured at the start of "
+                             "the run)")
+    parser.add_argument("--intra-dtype", choices=INTRA_DTYPES, default="float32",
+                        help="what hierarchical's levels inside a node send")
     parser.add_argument("--validate", action="store_true",
                         help="profile the primitives first and print the simulator's "
                              "prediction and error next to every measured case")

@@ -9,8 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
-__all__ = ["TOPOLOGIES", "COMPRESSED", "SCATTER", "OWNED", "MIN_COMPRESS", "Plan", "Planner",
-           "Learner", "Greedy", "StaticPlanner", "StepTimer"]
+__all__ = ["TOPOLOGIES", "COMPRESSED", "SCATTER", "HIERARCHICAL", "OWNED", "MIN_COMPRESS",
+           "Plan", "Planner", "Learner", "Greedy", "StaticPlanner", "StepTimer"]
 
 #: The topologies that compress an allreduce, each a graph builder of ``casync.graphs``,
 #: in the order planners list them (the first is the default).
@@ -18,6 +18,9 @@ COMPRESSED = ("ps", "ring", "allgather")
 #: A compressed reduce-scatter (sharded data parallelism): rank j receives shard j of
 #: every rank's tensor and leaves their mean in its own shard only.
 SCATTER = "scatter"
+#: Uncompressed inside a node, compressed across nodes (``casync.hierarchy``): an
+#: engine of its own over per-node and cross-node groups, not a graph of one chunk.
+HIERARCHICAL = "hierarchical"
 #: Every topology the engine can execute: ``none`` is a plain allreduce.
 TOPOLOGIES = (*COMPRESSED, SCATTER, "none")
 #: Topologies whose segments each have an owner rank that reduces them.

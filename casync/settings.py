@@ -29,13 +29,13 @@ from hipress.errors import ConfigError, SyncError
 
 from .health import default_store
 from .links import cuda_transport_of
-from .plan import COMPRESSED, MIN_COMPRESS
+from .plan import COMPRESSED, HIERARCHICAL, MIN_COMPRESS
 
 __all__ = ["Settings", "EngineConfig", "PLANS", "STRATEGIES", "default_timeout", "agree",
            "publish_invalid"]
 
 #: The topologies a user chooses (``none``, a plain allreduce, is algorithm "none").
-STRATEGIES = COMPRESSED
+STRATEGIES = (*COMPRESSED, HIERARCHICAL)
 #: ``static``: a size threshold and one topology; ``auto``: the cost-model planner.
 PLANS = ("static", "auto")
 _PREFIX = "hipress/settings"
@@ -75,7 +75,8 @@ class Settings:
 
     Attributes:
         algorithm: a CompLL algorithm name or ``.cll`` path; None for plain allreduces.
-        topology: ``ps``, ``ring`` or ``allgather`` (``none`` when ``algorithm`` is None).
+        topology: ``ps``, ``ring``, ``allgather`` or ``hierarchical`` (``none`` when
+            ``algorithm`` is None, except ``hierarchical``, which still has two levels).
         plan: ``static`` or ``auto``.
         min_compress: static plans allreduce tensors below this many elements.
         error_feedback: None (on for biased algorithms), True or False.
@@ -124,7 +125,7 @@ class Settings:
             if params:
                 raise ConfigError(f"algorithm='none' takes no parameters, got "
                                   f"{', '.join(sorted(params))}")
-            topo = "none"
+            topo = topo if topo == HIERARCHICAL else "none"
         else:
             load(algo, **params)  # the algorithm's own checks: names, types, requires
         return cls(algo, topo, chosen, int(min_compress), error_feedback, seconds,

@@ -25,7 +25,7 @@ from .devices import Link, Memory
 from .executor import Executor
 from .health import Health
 from .links import Links
-from .plan import Plan, Planner, StaticPlanner
+from .plan import HIERARCHICAL, Plan, Planner, StaticPlanner
 from .planner import CostPlanner
 from .settings import EngineConfig, agree, default_timeout, publish_invalid
 from .state import load_state_dict as load_engine_state
@@ -47,7 +47,11 @@ class Synchronizer:
 
     Args:
         algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
-        topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``).
+        topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``), or
+            ``hierarchical``: uncompressed inside each node, ``algorithm`` across nodes;
+            the engine is then a ``casync.hierarchy.Hierarchical``, which also takes
+            ``across=`` (the topology across nodes), ``ranks_per_node=`` (default
+            ``LOCAL_WORLD_SIZE``) and ``intra_dtype=``.
         planner: decides per tensor: a ``Planner``; or a plan name as ``plan`` takes.
         plan: ``"static"`` (the default): a ``StaticPlanner`` over the above with
             ``min_compress``; ``"auto"``: a ``CostPlanner`` on this group's measured costs
@@ -79,6 +83,14 @@ class Synchronizer:
         >>> futures = [sync.submit(n, p.grad) for n, p in model.named_parameters()]
         >>> sync.synchronize()   # every p.grad now holds the average over ranks
     """
+
+    def __new__(cls, algorithm: str | None = "onebit", topology: str = "ps",
+                **options: Any) -> Any:
+        if cls is Synchronizer and topology == HIERARCHICAL:
+            from .hierarchy import Hierarchical
+
+            return Hierarchical(algorithm, topology, **options)
+        return super().__new__(cls)
 
     def __init__(self, algorithm: str | None = "onebit", topology: str = "ps", *,
                  planner: Planner | str | None = None, plan: str | None = None,

@@ -136,7 +136,8 @@ class EngineOptions:
         plan: ``"static"``: compress tensors of at least ``min_compress`` elements over
             ``topology``; ``"auto"``: the cost-model planner on costs profiled on this
             group at start-up.
-        topology: ``ps``, ``ring`` or ``allgather`` (static plans).
+        topology: ``ps``, ``ring``, ``allgather`` (static plans), or ``hierarchical``
+            (uncompressed inside each node, compressed across; ``casync.hierarchy``).
         min_compress: smaller tensors go through a plain allreduce (static plans).
         error_feedback: ``None`` = on for biased algorithms.
         timeout: seconds before a silent peer raises ``SyncError``.

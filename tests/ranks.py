@@ -79,21 +79,23 @@ def arrays_of(scenario: str, out: Path, args: dict[str, Any],
 
 
 def resumed_bit_for_bit(scenario: str, out: Path, args: dict[str, Any],
-                        script: Path = HERE / "ranks.py") -> list[dict[str, Any]]:
-    """The checkpoint round trip on 2 ranks: 12 steps straight, saving a checkpoint after
-    the 6th as a training job does, and fresh processes that load it and run the last 6.
+                        script: Path = HERE / "ranks.py", world: int = 2,
+                        env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """The checkpoint round trip on ``world`` ranks: 12 steps straight, saving a checkpoint
+    after the 6th as a training job does, and fresh processes that load it and run the last 6.
     Asserts every run exits 0 and both end on the same parameters to the bit on every rank
     (so saving did not disturb the straight run either); returns the straight run's
     results."""
     def run(name: str, **more: Any) -> list[dict[str, Any]]:
-        results = launch(2, scenario, out / name, {**args, **more}, script=script)
+        results = launch(world, scenario, out / name, {**args, **more}, script=script,
+                         env=env)
         for r in results:
             assert r["rc"] == 0, r["log"][-3000:]
         return results
 
     straight = run("straight", start=0, steps=12, save=str(out / "ckpt"), save_at=6)
     second = run("second", start=6, steps=6, load=str(out / "ckpt"))
-    for rank in range(2):
+    for rank in range(world):
         a, b = straight[rank]["arrays"]["params"], second[rank]["arrays"]["params"]
         assert a.tobytes() == b.tobytes(), f"rank {rank}: max diff {np.abs(a - b).max()}"
     return straight
@@ -344,6 +346,40 @@ def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return {"error": None}
 
 
+def hierarchical(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """``steps`` steps of the hierarchical topology (nodes of ``LOCAL_WORLD_SIZE`` ranks)
+    over tensors of every kind; with ``"none"`` also the world allreduce's average of the
+    same data. Saves every step's results."""
+    import torch.distributed as dist
+
+    from casync import Synchronizer
+
+    world = dist.get_world_size()
+    sync = Synchronizer(args["algo"], "hierarchical", across=args.get("across", "ps"),
+                        intra_dtype=args.get("intra_dtype", "float32"), min_compress=1000,
+                        pack_elems=args.get("pack_elems", 50_000), timeout=60)
+    results, references = [], []
+    for step in range(args["steps"]):
+        tensors = [_torch_tensor(data(rank, i, n, step), dtype, contiguous)
+                   for i, (n, dtype, contiguous) in enumerate(TENSORS)]
+        if args.get("reference"):
+            for t in tensors:
+                r = t.float().contiguous().clone()
+                dist.all_reduce(r)
+                references.append((r / world).to(t.dtype).float().numpy().reshape(-1))
+        future = sync.submit_many([(f"t{i}", t) for i, t in enumerate(tensors)])
+        sync.synchronize()
+        assert future.done() and all(a is b for a, b in zip(future.value(), tensors, strict=True))
+        results += [t.float().contiguous().numpy().reshape(-1) for t in tensors]
+    wide = np.concatenate([np.full(n, dtype == "float32") for n, dtype, _ in TENSORS])
+    np.savez(out / f"rank{rank}.npz", results=np.concatenate(results),
+             references=np.concatenate(references) if references else np.zeros(0),
+             float32=np.tile(wide, args["steps"]))
+    state = sync.state_dict()
+    sync.close()
+    return {"step": state["step"], "layout": state["layout"]}
+
+
 def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Rank 1 starts with a different (or an invalid) setting; every rank reports what it
     raised and how long it took."""
@@ -500,7 +536,7 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, nonfinite,
-                                                     wait_first, fault,
+                                                     wait_first, fault, hierarchical,
                                                      mismatch, pipeline, messages, auto_plan,
                                                      host_copies)}
 

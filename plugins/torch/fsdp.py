@@ -34,7 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
-from casync.plan import MIN_COMPRESS, SCATTER, StaticPlanner
+from casync.plan import COMPRESSED, MIN_COMPRESS, SCATTER, StaticPlanner
 from compll.codec import Codec, codec
 from compll.ir import LengthKind
 from hipress import distributed as core
@@ -105,6 +105,9 @@ class FSDPState:
                  reduce_scatter: bool | None = None, topology: str = "ps",
                  **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
+        if topology not in COMPRESSED:  # HSDP's mesh is already the two levels
+            raise ConfigError(f"compress_fsdp's topology (HSDP's replica all-reduce) must be "
+                              f"one of {', '.join(COMPRESSED)}, not {topology!r}")
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
                                        timeout, trace=trace, **codec_params)
         self.replica_options = _ReplicaOptions(algorithm, "static", topology, min_compress,

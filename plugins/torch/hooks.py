@@ -25,7 +25,9 @@ class HookState:
         plan: ``"static"``: compress buffers of at least ``min_compress`` elements over
             ``topology``; ``"auto"``: choose per tensor from costs profiled on this
             group at start-up (compress or not, topology, partitions).
-        topology: ``ps``, ``ring`` or ``allgather``.
+        topology: ``ps``, ``ring``, ``allgather``, or ``hierarchical``: uncompressed
+            inside each node (torchrun's ``LOCAL_WORLD_SIZE``), compressed over ps across
+            nodes (``casync.hierarchy``).
         error_feedback: ``None`` = on for biased algorithms.
         min_compress: smaller buckets go through a plain allreduce.
         timeout: seconds before a silent peer raises ``SyncError``.
