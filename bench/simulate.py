@@ -5,16 +5,23 @@ V100-class GPU: ``casync.models.TIMINGS``), every node count and link rate, one
 iteration is simulated (``casync.simulate``) for:
 
 * ``allreduce``      uncompressed ring allreduce over 25 MB buckets (Horovod, DDP);
-* ``byteps-onebit``  BytePS-like: onebit over ps, 4 MB partitions, tensors under 64 KB raw;
-* ``ring-dgc``       DGC (0.1 %) over the compressed ring, tensors under 262,144 raw;
+* ``byteps-onebit``  BytePS: 4 MB partitions reduced inside the node, copied to the host,
+                     onebit on the CPU, CPU servers; tensors under 64 KB raw;
+* ``ring-dgc``       DGC (0.1 %) over the compressed ring, one ring per 4 MB partition,
+                     tensors under 262,144 raw (fused, as Horovod fuses them);
 * ``naive``          per tensor: onebit encode, all-gather, decode all (GRACE-style);
-* ``powersgd``       torch's PowerSGD hook, rank 4, per 25 MB bucket;
-* ``casync-onebit``, ``casync-dgc``  the engine with the cost-model planner.
+* ``powersgd``       torch's PowerSGD hook, rank 4, per 25 MB bucket, with its per-matrix
+                     kernels and error feedback;
+* ``casync-onebit``, ``casync-dgc``  the engine with the cost-model planner, which also
+                     chooses between the hierarchical topology (uncompressed inside a
+                     node) and a flat one over every GPU.
 
-An iteration takes forward + max(backward, sync end); scaling efficiency is the
-single-GPU iteration time over that (weak scaling, same batch per GPU). The cluster's
-costs are ``CostModel.cluster`` (stated V100 + NVLink + Ethernet figures, not
-measurements), so read the results as the model's predictions.
+Backward runs on the GPU that the codec kernels use (``CostModel.shares_compute``): an
+iteration takes forward + max(backward as the kernels delayed it, sync end); scaling
+efficiency is the single-GPU iteration time over that (weak scaling, same batch per
+GPU). The cluster's costs are ``CostModel.cluster``: the figures of
+``casync.cluster.ASSUMPTIONS``, each with its source, none measured here. The run
+prints them, and beside each strategy the ones its prediction rests on.
 
     hipress bench simulate                          # all models, 1..16 nodes x 8 GPUs
     hipress bench simulate --models resnet50 --nodes 16 --bandwidths 25gbit
@@ -33,11 +40,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from casync.cluster import ASSUMPTIONS, rests_on  # noqa: E402
 from casync.costmodel import CostModel  # noqa: E402
 from casync.models import PROFILES, TIMINGS, layers  # noqa: E402
 from casync.plan import StaticPlanner  # noqa: E402
-from casync.planner import CostPlanner  # noqa: E402
-from casync.simulate import ready_times, simulate  # noqa: E402
+from casync.planner import choose_level  # noqa: E402
+from casync.simulate import Result, ready_times, simulate  # noqa: E402
 from casync.transport import parse_rate  # noqa: E402
 from hipress.cliargs import Parser, count, rate  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -47,21 +55,18 @@ STRATEGIES = ("allreduce", "byteps-onebit", "ring-dgc", "naive", "powersgd",
               "casync-onebit", "casync-dgc")
 
 
-def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> float:
-    """When one iteration's synchronization ends under strategy ``name``."""
+def run_strategy(cost: CostModel, nodes: int, grads: list[Any], name: str) -> Result:
+    """One iteration's synchronization under strategy ``name`` (``Result.level`` says
+    which topology level CaSync's planner chose)."""
     if name in ("allreduce", "naive", "powersgd"):
-        return simulate(cost, nodes, grads, name).end
-    # BytePS and ring-DGC synchronize tensor by tensor: a chunk per tensor partition.
+        return simulate(cost, nodes, grads, name)
     if name == "byteps-onebit":
-        return simulate(cost, nodes, grads, "casync", coalesce=False,
-                        planner=StaticPlanner("onebit", "ps", min_compress=16384)).end
-    if name == "ring-dgc":
-        return simulate(cost, nodes, grads, "casync", coalesce=False,
-                        planner=StaticPlanner("dgc", "ring", min_compress=262144)).end
+        return simulate(cost, nodes, grads, "byteps", algorithm="onebit")
+    if name == "ring-dgc":  # a ring per compressed partition; raw tensors fused (Horovod)
+        return simulate(cost, nodes, grads, "casync", coalesce=False, fuse_raw=True,
+                        planner=StaticPlanner("dgc", "ring", min_compress=262144))
     if name.startswith("casync-"):
-        planner = CostPlanner(cost, (name.split("-", 1)[1],))
-        planner.fit(grads, nodes)
-        return simulate(cost, nodes, grads, "casync", planner=planner).end
+        return choose_level(cost, nodes, grads, (name.split("-", 1)[1],))[1]
     raise ValueError(f"unknown strategy {name!r}")
 
 
@@ -96,13 +101,17 @@ def main(argv: list[str] | None = None) -> int:
         grads = ready_times(layers(model), timing.backward_ms / 1e3)
         single = (timing.forward_ms + timing.backward_ms) / 1e3
         for name in args.strategies:
-            end = run_strategy(cost, nodes, grads, name)
-            iteration = timing.forward_ms / 1e3 + max(timing.backward_ms / 1e3, end)
+            res = run_strategy(cost, nodes, grads, name)
+            backward = max(timing.backward_ms / 1e3, res.backward_end)
+            iteration = timing.forward_ms / 1e3 + max(backward, res.end)
             rows.append({"model": model, "bandwidth": bw, "nodes": nodes, "gpus": args.gpus,
-                         "strategy": name, "sync_end_s": end, "iteration_s": iteration,
-                         "efficiency": single / iteration})
+                         "strategy": name, "sync_end_s": res.end, "backward_s": backward,
+                         "kernels_s": res.kernels, "iteration_s": iteration,
+                         "efficiency": single / iteration, "level": res.level,
+                         "rests_on": list(rests_on(name))})
     seconds = time.perf_counter() - t0
     result = {"rows": rows, "gpus": args.gpus, "seconds": seconds,
+              "assumptions": {k: vars(a) for k, a in ASSUMPTIONS.items()},
               "timings": {m: vars(TIMINGS[m]) for m in args.models},
               "profile": str(args.profile) if args.profile else None}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -118,6 +127,13 @@ def report(result: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     rows = result["rows"]
+    stated = Table(title="what the predictions rest on (casync.cluster; none measured "
+                         "here)")
+    for column in ("key", "value", "prices", "source"):
+        stated.add_column(column, overflow="fold")
+    for key, a in result.get("assumptions", {}).items():
+        stated.add_row(key, f"{a['value']:g} {a['unit']}", a["what"], a["source"])
+    console.print(stated)
     top = max(r["nodes"] for r in rows)
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     for bw in dict.fromkeys(r["bandwidth"] for r in rows):
@@ -139,6 +155,12 @@ def report(result: dict[str, Any], console: Any) -> None:
                 cells += [f"{sel[s]['iteration_s'] / mine:.2f}" for s in others]
             table.add_row(model, *cells)
         console.print(table)
+    levels = sorted({(r["strategy"], r["level"]) for r in rows if r.get("level")})
+    for strategy in strategies:
+        chosen = ", ".join(sorted({lv for s, lv in levels if s == strategy}))
+        console.print(f"  {strategy} rests on: "
+                      f"{', '.join(rests_on(strategy))}"
+                      + (f" (levels chosen: {chosen})" if chosen else ""))
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -182,13 +182,16 @@ class Chunker:
         chunk_elems: elements a chunk collects before it is closed.
         coalesce: off, every segment is a chunk of its own (how per-tensor engines such as
             BytePS synchronize; the simulator models them so).
+        fuse_raw: with ``coalesce`` off, uncompressed tensors still share chunks (how
+            Horovod-based engines fuse them; the simulator's ring-DGC).
     """
 
     def __init__(self, world: int, chunk_elems: int = CHUNK_ELEMS,
-                 coalesce: bool = True) -> None:
+                 coalesce: bool = True, fuse_raw: bool = False) -> None:
         self.world = world
         self.chunk_elems = int(chunk_elems)
         self.coalesce = coalesce
+        self._alone = (not coalesce, not coalesce and not fuse_raw)  # compressed, raw
         #: open chunks by (id of their plan, device); the plans are ``_same``'s, whose
         #: identity stands for their value, so no plan is hashed per tensor
         self._open: dict[tuple[int, str], Chunk] = {}
@@ -219,6 +222,7 @@ class Chunker:
         for entry, plan in zip(entries, plans, strict=True):
             route = routes.get(id(plan)) or self._route(plan)
             _, same, compress, owned, ring = route
+            alone = self._alone[0 if compress else 1]
             n = entry.numel
             if owned and same.topology == SCATTER:
                 closed += self._add_shards(entry, plan, same)
@@ -226,7 +230,7 @@ class Chunker:
             k = plan.partitions_for(n) if compress else 1
             if n > k * limit:
                 k = -(-n // limit)
-            if ring:
+            if ring and self.coalesce:  # a per-tensor engine runs one ring a partition
                 k = max(k, min(self.world, n // RING_PIECE))
             device = entry.device  # a chunk's tensors share a device
             key = (id(same), device)
@@ -238,7 +242,7 @@ class Chunker:
                 chunk.segments.append(Segment(entry, 0, n, self._owner((entry.name, 0, n), n)
                                               if owned else 0))
                 chunk.numel += n
-                if chunk.numel >= limit or not self.coalesce:
+                if chunk.numel >= limit or alone:
                     closed.append(self._close(key))
                 continue
             for sl in partition(n, k):
@@ -248,7 +252,7 @@ class Chunker:
                 owner = self._owner((entry.name, lo, hi), hi - lo) if owned else 0
                 chunk.segments.append(Segment(entry, lo, hi, owner))
                 chunk.numel += hi - lo
-                if chunk.numel >= limit or not self.coalesce:
+                if chunk.numel >= limit or alone:
                     closed.append(self._close(key))
                     chunk = None
         return closed

@@ -121,6 +121,9 @@ class Cost(StrEnum):
     MERGE = "merge"  # an uncompressed add
     SEND = "send"  # a point-to-point message, by bytes
     INTRA = "intra"  # bytes moved inside a node of several GPUs
+    PCIE = "pcie"  # bytes copied between a GPU and host memory
+    LAUNCH = "launch"  # a small GPU kernel's fixed cost
+    CPU = "cpu"  # per algorithm: host-side compression per element (BytePS's)
     FLOPS = "flops"  # fp32 GEMM work (PowerSGD's), by floating-point operations
     EXCHANGE = "exchange"  # the all-gather of payload sizes, then of payloads
     ALLREDUCE = "allreduce"  # Gloo's, by elements
@@ -151,6 +154,9 @@ class CostModel:
     #: how much of a send's time the CPU stays free for compute (1: a separate link,
     #: 0 or less: the same cores, as with several ranks on few cores over loopback)
     overlap: float = 1.0
+    #: the compute lane is the processor backward runs on (a cluster's GPUs): the
+    #: simulator runs backward's layers on it too, so kernels delay backward
+    shares_compute: bool = False
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -234,6 +240,18 @@ class CostModel:
             return 0.0
         return self._get(Cost.INTRA.key())((self.gpus - 1) / self.gpus * nbytes)
 
+    def flat(self) -> CostModel:
+        """The same nodes seen as ``world × gpus`` ranks on one network, as a flat
+        topology runs on them: no intra-node level, and a node's ``gpus`` ranks share its
+        link (each message's bytes take ``gpus`` times as long)."""
+        if self.gpus <= 1:
+            return self
+        costs = dict(self.costs)
+        send = costs[Cost.SEND.key()]
+        costs[Cost.SEND.key()] = Linear(send.a, send.b * self.gpus, send.r2, send.floor)
+        return CostModel(self.world * self.gpus, costs, 1, {**self.meta, "flat": True},
+                         self.overlap, self.shares_compute)
+
     @property
     def digest(self) -> str:
         """A short hash of the fitted costs: equal models plan alike."""
@@ -241,14 +259,14 @@ class CostModel:
 
         body = json.dumps({k: v.to_json() for k, v in sorted(self.costs.items())},
                           sort_keys=True)
-        head = f"{self.world}/{self.gpus}/{self.overlap}"
+        head = f"{self.world}/{self.gpus}/{self.overlap}/{self.shares_compute}"
         return hashlib.sha256(f"{head}/{body}".encode()).hexdigest()[:12]
 
     # -- persistence ---------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
         return {"world": self.world, "gpus": self.gpus, "overlap": self.overlap,
-                "meta": self.meta,
+                "shares_compute": self.shares_compute, "meta": self.meta,
                 "costs": {k: v.to_json() for k, v in sorted(self.costs.items())}}
 
     @classmethod
@@ -256,7 +274,7 @@ class CostModel:
         try:
             return cls(int(d["world"]), {k: Linear.from_json(v) for k, v in d["costs"].items()},
                        int(d.get("gpus", 1)), dict(d.get("meta", {})),
-                       float(d.get("overlap", 1.0)))
+                       float(d.get("overlap", 1.0)), bool(d.get("shares_compute", False)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a HiPress cost profile ({exc!r}); create one with "
                               "`hipress profile`") from None
@@ -286,33 +304,35 @@ class CostModel:
     @classmethod
     def cluster(cls, nodes: int, gpus: int, bandwidth_bps: float,
                 algorithms: tuple[str, ...] = ("onebit", "dgc"),
-                intra_Bps: float = 130e9) -> CostModel:
-        """A cost model for ``nodes`` × ``gpus`` V100-class GPUs on a ``bandwidth_bps`` network.
+                intra_Bps: float | None = None) -> CostModel:
+        """A cost model for ``nodes`` × ``gpus`` V100-class GPUs on a ``bandwidth_bps``
+        network, from the stated figures of ``casync.cluster`` (``ASSUMPTIONS``: each
+        with its source; none measured here). Payload sizes are the real codecs'
+        (``payload_bytes``). Its compute lane is the GPU that backward runs on."""
+        from .cluster import value
 
-        Assumed figures (stated, not measured here): GPU codecs stream their input at
-        150 GB/s (a sixth of the V100's 900 GB/s HBM2, what memory-bound CompLL-style
-        kernels reach) with a 15 µs launch; top-k style selection (``dgc``,
-        ``graddrop``) at 30 GB/s; merge at the full 900 GB/s; inter-node messages cost 25 µs plus
-        bytes at 90 % of the line rate; NVLink collectives inside a node move 130 GB/s;
-        GEMMs (PowerSGD) run at 10 TFLOP/s.
-        Payload sizes are the real codecs' (``payload_bytes``).
-        """
-        gbps = 150e9 / 4   # elements per second
+        codec = value("gpu-codec") / 4   # elements per second
+        select = value("gpu-select") / 4
+        launch = value("launch")
         costs = {
-            Cost.SEND.key(): Linear(25e-6, 1.0 / (0.9 * bandwidth_bps / 8)),
-            Cost.MERGE.key(): Linear(5e-6, 12 / 900e9),  # read two floats, write one
-            Cost.INTRA.key(): Linear(10e-6, 1.0 / intra_Bps),
-            # fp32 GEMMs at 10 of 15.7 peak TFLOP/s
-            Cost.FLOPS.key(): Linear(10e-6, 1.0 / 10e12),
+            Cost.SEND.key(): Linear(value("net-fixed"),
+                                    1.0 / (value("net-rate") * bandwidth_bps / 8)),
+            Cost.MERGE.key(): Linear(launch, 12 / value("hbm")),  # read two, write one
+            Cost.INTRA.key(): Linear(10e-6, 1.0 / (intra_Bps or value("nvlink"))),
+            Cost.PCIE.key(): Linear(10e-6, 1.0 / value("pcie")),
+            Cost.LAUNCH.key(): Linear(launch, 0.0),
+            Cost.FLOPS.key(): Linear(launch, 1.0 / value("gemm")),
         }
         for algo in algorithms:
             slow = algo in ("dgc", "graddrop", "topk")
-            costs[Cost.ENCODE.key(algo)] = Linear(15e-6, 1.0 / (gbps / 5 if slow else gbps))
-            costs[Cost.DECODE.key(algo)] = Linear(15e-6, 1.0 / gbps)
-            costs[Cost.ACCUMULATE.key(algo)] = Linear(15e-6, 1.0 / gbps)
+            costs[Cost.ENCODE.key(algo)] = Linear(launch, 1.0 / (select if slow else codec))
+            costs[Cost.DECODE.key(algo)] = Linear(launch, 1.0 / codec)
+            costs[Cost.ACCUMULATE.key(algo)] = Linear(launch, 1.0 / codec)
+            costs[Cost.CPU.key(algo)] = Linear(10e-6, 4.0 / value("cpu-codec"))
             costs[Cost.BYTES.key(algo)] = payload_bytes(algo)
         return cls(nodes, costs, gpus, {"kind": "cluster", "nodes": nodes, "gpus": gpus,
-                                        "bandwidth_bps": bandwidth_bps})
+                                        "bandwidth_bps": bandwidth_bps},
+                   shares_compute=True)
 
 
 def payload_bytes(algo: str, sizes: tuple[int, ...] = (16384, 262144, 1 << 20),

@@ -30,11 +30,11 @@ from .chunks import CHUNK_ELEMS
 from .costmodel import CostModel
 from .plan import COMPRESSED, Plan, Planner, StaticPlanner, StepTimer
 from .profiler import cached
-from .simulate import Gradient, simulate
+from .simulate import Gradient, Result, simulate
 from .timeline import Lanes, predict
 from .transport import Transport
 
-__all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN"]
+__all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN", "choose_level"]
 
 #: How much faster a per-tensor (greedy) whole-model plan must be predicted than the
 #: best fixed strategy to be chosen: a minimum over many candidates also picks the
@@ -164,7 +164,7 @@ class CostPlanner:
                 candidates[f"fixed {algo} {topo}"] = StaticPlanner(algo, topo)
         self.predictions = {
             label: simulate(self.cost, world, grads, "casync", planner=planner,
-                            chunk_elems=chunk_elems).end
+                            chunk_elems=chunk_elems).finish
             for label, planner in candidates.items()}
 
         default = self.topologies[0]
@@ -211,3 +211,36 @@ class CostPlanner:
         return (f"CostPlanner({self.algorithms}, {self.topologies}, world={self.cost.world}, "
                 f"max_partitions={self.max_partitions}, "
                 f"profile={self.cost.digest})")
+
+
+def choose_level(cost: CostModel, nodes: int, grads: Sequence[Any],
+                 algorithms: tuple[str, ...] = ("onebit",),
+                 chunk_elems: int = CHUNK_ELEMS) -> tuple[CostPlanner, Result]:
+    """Flat or hierarchical, for nodes of ``cost.gpus`` ranks: the hierarchical topology
+    (``casync.hierarchy``: the node's level priced by ``intra``, ``nodes`` ranks across)
+    and a flat one over every rank (``CostModel.flat``: a node's ranks share its link),
+    each with its own whole-model plan (``CostPlanner.fit``); the one predicted to end
+    first. Returns its planner and its simulated iteration (``Result.level`` says which;
+    empty with one rank per node, where the two are the same).
+
+    Example:
+        >>> planner, result = choose_level(CostModel.cluster(16, 8, 100e9), 16, grads)
+        >>> result.level
+        'hierarchical'
+    """
+    options: list[tuple[str, CostModel, int]] = [("hierarchical", cost, nodes)]
+    if cost.gpus > 1:
+        flat = cost.flat()
+        options.append(("flat", flat, flat.world if flat.world > 1 else nodes * cost.gpus))
+    best: tuple[CostPlanner, Result] | None = None
+    for level, model, world in options:
+        # a flat job's K stops at the node count: more pieces only add messages there
+        planner = CostPlanner(model, algorithms, max_partitions=nodes)
+        planner.fit(grads, world, chunk_elems)
+        result = simulate(model, world, grads, "casync", planner=planner,
+                          chunk_elems=chunk_elems)
+        result.level = level if cost.gpus > 1 else ""
+        if best is None or result.finish < best[1].finish:
+            best = (planner, result)
+    assert best is not None
+    return best

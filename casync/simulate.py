@@ -8,9 +8,16 @@ simulator and the validation against ``bench sync`` share this one model.
 
 Strategies: ``allreduce`` (uncompressed, 25 MB buckets), ``naive`` (per tensor:
 encode, all-gather, decode all, one after another), ``powersgd`` (torch's hook:
-per bucket a rank-r P allreduce then a Q allreduce), and ``casync`` with any planner
-(``StaticPlanner`` for fixed strategies such as BytePS-onebit or ring-DGC,
-``CostPlanner`` for the planner).
+per bucket a rank-r P allreduce then a Q allreduce, with its per-matrix kernels),
+``byteps`` (BytePS: per 4 MB partition, reduced inside the node, copied to the host,
+compressed there and pushed to and pulled from CPU servers) and ``casync`` with any
+planner (``StaticPlanner`` for fixed strategies such as ring-DGC, ``CostPlanner`` for
+the planner).
+
+Where the cost model's compute lane is the processor backward runs on (a cluster's GPUs,
+``CostModel.shares_compute``), backward's layers run on that lane too, in order: a
+kernel placed while backward runs delays the layers after it (time sharing that loses
+no work, the engine's kernels first), so compression is never free under backward.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .chunks import CHUNK_ELEMS, Chunk, Chunker
-from .costmodel import Cost, CostModel
+from .costmodel import Cost, CostModel, Linear
 from .plan import Greedy, Plan, Planner
 from .timeline import Lanes, Stage, on_host, predict
 
@@ -54,11 +61,22 @@ class Unit:
 
 @dataclass
 class Result:
-    """A simulated iteration: when synchronization ends and what each unit did."""
+    """A simulated iteration: when synchronization ends and what each unit did; where
+    backward shares the compute lane, when backward ends and the lane's time that was
+    not backward (``kernels``)."""
 
     strategy: str
     end: float
     units: list[Unit] = field(default_factory=list)
+    backward_end: float = 0.0
+    kernels: float = 0.0
+    #: for CaSync on several GPUs per node: "hierarchical" or "flat" (the planner's)
+    level: str = ""
+
+    @property
+    def finish(self) -> float:
+        """When both synchronization and backward are done."""
+        return max(self.end, self.backward_end)
 
     @property
     def compressed(self) -> int:
@@ -75,6 +93,32 @@ def ready_times(layers: Sequence[Any], backward_s: float) -> list[Gradient]:
         t += backward_s * w / total
         out.append(Gradient(layer.name, layer.numel, t))
     return out
+
+
+class _Backward:
+    """Backward's layers on the compute lane, where the cost model says it is shared:
+    gradient i's layer takes the time between its ready time and gradient i-1's, from
+    the end of the layer before or of the kernels placed in between. Elsewhere a
+    gradient is ready when ``Gradient.ready`` says."""
+
+    def __init__(self, cost: CostModel, lanes: Lanes) -> None:
+        self.on, self.lanes = cost.shares_compute, lanes
+        self.end = self.given = self.work = 0.0
+
+    def ready(self, g: Gradient) -> float:
+        if not self.on:
+            self.end = max(self.end, g.ready)
+            return g.ready
+        work, self.given = max(g.ready - self.given, 0.0), max(g.ready, self.given)
+        self.work += work
+        self.end = self.lanes.fill("compute", self.end, work)
+        return self.end
+
+    def finish(self, result: Result) -> Result:
+        result.backward_end = self.end
+        result.kernels = self.lanes.busy.get("compute", 0.0) - self.work
+        result.end = max((u.finish for u in result.units), default=0.0)
+        return result
 
 
 def _groups(grads: Sequence[Gradient], limit: int) -> list[list[Gradient]]:
@@ -102,17 +146,18 @@ class _Tensor:
 
 
 def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Planner,
-            chunk_elems: int, coalesce: bool) -> Result:
+            chunk_elems: int, coalesce: bool, fuse_raw: bool = False) -> Result:
     """The engine's grouping: tensors planned one by one in arrival order, cut into
     segments and coalesced into chunks (``casync.chunks.Chunker``); each chunk is
     scheduled when it closes, as one chain."""
     if isinstance(planner, Greedy) and planner.fitted is not None:
         planner = planner.fitted  # a whole-model plan: follow it
     lanes = Lanes()
+    backward = _Backward(cost, lanes)
     if isinstance(planner, Greedy):
         planner.lanes = Lanes()  # its per-tensor choices, from an empty iteration
     result = Result("casync", 0.0)
-    chunker = Chunker(world, chunk_elems, coalesce)
+    chunker = Chunker(world, chunk_elems, coalesce, fuse_raw)
 
     def run(chunks: list[Chunk], ready: float) -> None:
         for chunk in chunks:
@@ -122,21 +167,23 @@ def _casync(cost: CostModel, world: int, grads: Sequence[Gradient], planner: Pla
                                      len({id(s.entry) for s in chunk.segments})))
 
     for g in grads:
+        ready = backward.ready(g)
         if isinstance(planner, Greedy):
-            plan = planner.choose(g.name, g.numel, world, g.ready).plan
+            plan = planner.choose(g.name, g.numel, world, ready).plan
         else:
             plan = planner.plan(g.name, g.numel, world)
-        run(chunker.add(_Tensor(g.name, g.numel), plan), g.ready)
-    run(chunker.flush(), grads[-1].ready if grads else 0.0)
-    result.end = max((u.finish for u in result.units), default=0.0)
-    return result
+        run(chunker.add(_Tensor(g.name, g.numel), plan), ready)
+    run(chunker.flush(), backward.end)
+    return backward.finish(result)
 
 
 def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) -> Result:
     """Per tensor: encode, all-gather sizes and payloads, decode every payload; serial."""
     lanes, result, t = Lanes(), Result("naive", 0.0), 0.0
+    backward = _Backward(cost, lanes)
     g_ = cost.gpus
     for g in grads:
+        ready = backward.ready(g)
         x = g.numel / g_
         y = cost.nbytes(algo, x)
         peers = world * g_ - 1
@@ -148,52 +195,98 @@ def _naive(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str) ->
         chain = [Stage("compute", cost.plain_encode(algo, x) + own),
                  Stage("net", cost.exchange(y, peers + 1)),
                  Stage("compute", (peers + 1) * cost.accumulate(algo, x) + 3 * cost.merge(x))]
-        t = lanes.run(on_host(cost, chain), max(t, g.ready))
-        result.units.append(Unit(g.name, g.numel, Plan("allgather", algo, 1), g.ready, t))
-    result.end = t
-    return result
+        t = lanes.run(on_host(cost, chain), max(t, ready))
+        result.units.append(Unit(g.name, g.numel, Plan("allgather", algo, 1), ready, t))
+    return backward.finish(result)
 
 
 def _powersgd(cost: CostModel, world: int, grads: Sequence[Gradient], rank: int) -> Result:
-    """torch's powerSGD_hook per DDP bucket: vectors and the P factors in one allreduce,
-    orthogonalize, Q factors in a second, then decompress (square matrices assumed)."""
+    """torch's powerSGD_hook per DDP bucket (square matrices assumed): error feedback
+    adds the residual in; P = M Q per matrix and one allreduce of the vectors and the
+    Ps; Gram-Schmidt orthogonalizes each P column by column (small kernels: a norm, a
+    division and a projection per later column); Q = Mᵀ P and its allreduce; the
+    approximation P Qᵀ and the new residual. Per matrix its kernels pay a launch each."""
     flops = cost._get(Cost.FLOPS.key())
+    launch = cost.costs.get(Cost.LAUNCH.key(), Linear(0.0, 0.0)).a
     lanes, result = Lanes(), Result("powersgd", 0.0)
+    backward = _Backward(cost, lanes)
     for members in _groups(grads, DDP_BUCKET):
-        name, numel, ready = _label(members), sum(g.numel for g in members), members[-1].ready
+        name, numel = _label(members), sum(g.numel for g in members)
+        ready = max(backward.ready(g) for g in members)
         mats = [g.numel for g in members if g.numel >= 4096]
         vec = sum(g.numel for g in members if g.numel < 4096)
         sides = [math.isqrt(n) for n in mats]
         p = sum(rank * s for s in sides) + vec
         work = sum(2.0 * n * rank for n in mats)
+        # Gram-Schmidt: per column a norm and a division, a dot and an update per later one
+        orth_kernels = len(mats) * (2 * rank + rank * (rank - 1))
         orth = sum(4.0 * s * rank * rank for s in sides)
-        chain = [Stage("compute", flops(work)), Stage("net", cost.allreduce(p, world)),
-                 Stage("compute", flops(orth) + flops(work)),
+        # per matrix: two GEMMs before the first allreduce and one after each, copies in
+        # and out of the flat buffers; error feedback's passes over the whole bucket
+        passes = 3 * cost.merge(numel)
+        chain = [Stage("compute", passes + flops(work) + 3 * len(mats) * launch),
+                 Stage("net", cost.allreduce(p, world)),
+                 Stage("compute", flops(orth) + orth_kernels * launch + flops(work)
+                       + 2 * len(mats) * launch),
                  Stage("net", cost.allreduce(sum(rank * s for s in sides), world)),
-                 Stage("compute", flops(work))]
+                 Stage("compute", flops(work) + 3 * len(mats) * launch + passes)]
         if cost.gpus > 1:
             chain = [Stage("intra", cost.intra(4 * p)), *chain]
         finish = lanes.run(on_host(cost, chain), ready)
         result.units.append(Unit(name, numel, None, ready, finish))
-    result.end = max((u.finish for u in result.units), default=0.0)
-    return result
+    return backward.finish(result)
+
+
+def _byteps(cost: CostModel, world: int, grads: Sequence[Gradient], algo: str,
+            min_compress: int = 16384, partition: int = 1 << 20) -> Result:
+    """BytePS with a compressor: per 4 MB partition of a tensor, an NCCL reduce-scatter
+    inside the node, each GPU's share copied to host memory, compressed on the CPU
+    (under ``min_compress`` elements: raw), pushed to the servers, which decompress,
+    sum and recompress on their CPUs, pulled back, decompressed, copied to the GPU and
+    all-gathered inside the node. Its CPU work runs beside the GPUs (a ``cpu`` lane)."""
+    lanes, result = Lanes(), Result("byteps", 0.0)
+    backward = _Backward(cost, lanes)
+    g_ = cost.gpus
+    cpu = cost._get(Cost.CPU.key(algo))
+    for g in grads:
+        ready = backward.ready(g)
+        for lo in range(0, max(g.numel, 1), partition):
+            x = min(partition, g.numel - lo) if g.numel else 0
+            mine = x / g_  # this GPU's share of the partition
+            raw = x < min_compress
+            nbytes = 4 * mine if raw else cost.nbytes(algo, mine)
+            inner = [Stage("intra", cost.intra(4 * x))] if g_ > 1 else []
+            copy = Stage("pcie", cost._get(Cost.PCIE.key())(4 * mine))
+            code = Stage("cpu", cost.merge(mine) if raw else cpu(mine))
+            # A node's server owns 1/N of the partitions: it decodes and sums N pushes
+            # and re-encodes the sum, on as many threads as a GPU's worker has.
+            work = world * cost.merge(x) if raw else (world + 1) * cpu(x)
+            server = Stage("server", work / world)
+            push = Stage("net", *cost.wire(g_ * nbytes))  # the node's GPUs share its link
+            chain = [*inner, copy, code, push, server, push, code, copy, *inner]
+            finish = lanes.run(chain, ready)
+            result.units.append(Unit(f"{g.name}[{lo}]", x, None if raw else
+                                     Plan("ps", algo, 1), ready, finish))
+    return backward.finish(result)
 
 
 def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: str, *,
              planner: Planner | None = None, algorithm: str = "onebit",
              chunk_elems: int = CHUNK_ELEMS, coalesce: bool = True,
-             powersgd_rank: int = 4) -> Result:
+             fuse_raw: bool = False, powersgd_rank: int = 4) -> Result:
     """Predict when one iteration's synchronization of ``grads`` ends.
 
     Args:
         cost: the cost model (a measured profile or ``CostModel.cluster``).
         world: nodes (ranks) taking part.
         grads: gradients in backward order with their ready times.
-        strategy: ``allreduce``, ``naive``, ``powersgd`` or ``casync``.
+        strategy: ``allreduce``, ``naive``, ``powersgd``, ``byteps`` or ``casync``.
         planner: for ``casync``: a ``StaticPlanner`` or a ``CostPlanner``.
-        algorithm: for ``naive``.
+        algorithm: for ``naive`` and ``byteps``.
         chunk_elems: the engine's chunk size (``casync.chunks``).
-        coalesce: off, a chunk per tensor partition (per-tensor engines: BytePS).
+        coalesce: off, a chunk per tensor partition (per-tensor engines).
+        fuse_raw: with ``coalesce`` off, uncompressed tensors still share chunks
+            (Horovod's tensor fusion, under ring-DGC).
         powersgd_rank: the rank of PowerSGD's factors.
 
     Returns:
@@ -205,22 +298,25 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
     """
     if strategy == "allreduce":
         lanes, result = Lanes(), Result("allreduce", 0.0)
+        backward = _Backward(cost, lanes)
         for group in _groups(grads, DDP_BUCKET):
-            name, numel, ready = _label(group), sum(g.numel for g in group), group[-1].ready
+            name, numel = _label(group), sum(g.numel for g in group)
+            ready = max(backward.ready(g) for g in group)
             plan = Plan("none", None, 1)
             # The chain holds DDP's own passes: the copy into the flat bucket, the average
             # and the copy back out (charging the copies here as well counted them twice).
             end = predict(lanes, cost, plan, numel, world, ready, engine=False)
             result.units.append(Unit(name, numel, plan, ready, end))
-        result.end = max((u.finish for u in result.units), default=0.0)
-        return result
+        return backward.finish(result)
     if strategy == "naive":
         return _naive(cost, world, grads, algorithm)
     if strategy == "powersgd":
         return _powersgd(cost, world, grads, powersgd_rank)
+    if strategy == "byteps":
+        return _byteps(cost, world, grads, algorithm)
     if strategy == "casync":
         if planner is None:
             raise ValueError("strategy 'casync' needs a planner")
-        return _casync(cost, world, grads, planner, chunk_elems, coalesce)
-    raise ValueError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd "
-                     "or casync")
+        return _casync(cost, world, grads, planner, chunk_elems, coalesce, fuse_raw)
+    raise ValueError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd, "
+                     "byteps or casync")

@@ -44,11 +44,13 @@ class Lanes:
     def __init__(self) -> None:
         self._starts: dict[str, list[float]] = {}
         self._ends: dict[str, list[float]] = {}
+        self.busy: dict[str, float] = {}  # seconds placed on each lane
 
     def copy(self) -> Lanes:
         other = Lanes()
         other._starts = {k: v.copy() for k, v in self._starts.items()}
         other._ends = {k: v.copy() for k, v in self._ends.items()}
+        other.busy = dict(self.busy)
         return other
 
     def place(self, lane: str, ready: float, busy: float) -> float:
@@ -56,6 +58,7 @@ class Lanes:
         return when it ends."""
         if busy <= 0:
             return ready
+        self.busy[lane] = self.busy.get(lane, 0.0) + busy
         starts = self._starts.setdefault(lane, [0.0])
         ends = self._ends.setdefault(lane, [math.inf])
         i = bisect.bisect_right(ends, ready)
@@ -69,6 +72,21 @@ class Lanes:
         pieces = [(s, e) for s, e in ((starts[i], begin), (end, ends[i])) if e - s > 1e-12]
         starts[i:i + 1] = [s for s, _ in pieces]
         ends[i:i + 1] = [e for _, e in pieces]
+        return end
+
+    def fill(self, lane: str, ready: float, busy: float) -> float:
+        """Occupy ``busy`` seconds of ``lane`` from ``ready`` in the gaps as they come,
+        split as needed (divisible work, such as backward's kernels between a codec's);
+        return when the last piece ends."""
+        end = ready
+        while busy > 1e-12:
+            starts = self._starts.setdefault(lane, [0.0])
+            ends = self._ends.setdefault(lane, [math.inf])
+            i = bisect.bisect_right(ends, end)
+            begin = max(starts[i], end)
+            piece = min(busy, ends[i] - begin)
+            end = self.place(lane, begin, piece)
+            busy -= piece
         return end
 
     def run(self, chain: list[Stage], ready: float) -> float:
