@@ -244,7 +244,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         if topo == "auto":
             from casync.planner import CostPlanner
 
-            planner = CostPlanner(cost, (algo,))
+            planner = CostPlanner(cost.flat(), (algo,))  # over every rank
         # hierarchical: its nodes from LOCAL_WORLD_SIZE (--ranks-per-node), ps across
         levels = {"intra_dtype": args.intra_dtype} if topo == HIERARCHICAL else {}
         syncs[topo] = Synchronizer(algo, topo if topo == HIERARCHICAL else flat_topo,
@@ -304,19 +304,25 @@ def _predict(rows: list[dict[str, Any]], cost: Any, world: int,
     from casync.simulate import Gradient, simulate
 
     grads = [Gradient(name, n) for name, n in sizes]  # all ready at once, as here
+    flat = cost.flat()  # on nodes, the flat cases: every rank on its share of the link
     for row in rows:
         case, algo, topo = row["case"], row["algorithm"], row["topology"]
         if case == "allreduce":
-            result = simulate(cost, world, grads, "allreduce")
+            result = simulate(flat, world, grads, "allreduce")
         elif case.startswith("naive"):
-            result = simulate(cost, world, grads, "naive", algorithm=algo)
+            result = simulate(flat, world, grads, "naive", algorithm=algo)
+        elif case.startswith("casync") and topo == HIERARCHICAL:
+            # the levels inside a node priced by ``intra``, ps across world / gpus nodes
+            result = simulate(cost, world // cost.gpus, grads, "casync",
+                              planner=StaticPlanner(algo, "ps", min_compress=args.min_compress),
+                              chunk_elems=args.chunk_elems)
         elif case.startswith("casync"):
             if topo == "auto":  # what the engine follows after its first (warm-up) step
-                planner: Any = CostPlanner(cost, (algo,))
+                planner: Any = CostPlanner(flat, (algo,))
                 planner.fit(grads, world, chunk_elems=args.chunk_elems)
             else:
                 planner = StaticPlanner(algo, topo, min_compress=args.min_compress)
-            result = simulate(cost, world, grads, "casync", planner=planner,
+            result = simulate(flat, world, grads, "casync", planner=planner,
                               chunk_elems=args.chunk_elems)
         else:
             continue
@@ -351,9 +357,9 @@ def worker(args: argparse.Namespace) -> int:
                               "elements": int(flat.size), "network": local or "cluster",
                               "rate": args.bandwidth if local == "shaped" else None,
                               "scale": args.scale, "host": platform.node(), "rows": rows}
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # ranks on this node
     if world > 1:
         # between nodes where ranks share nodes (the first rank of node 1)
-        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         peer = per_node if 1 < per_node < world else 1
         result["link_Bps"] = _link_rate(dist, rank, peer)
         say(f"link rate rank 0 -> {peer}: {result['link_Bps'] * 8 / 1e9:.2f} Gbit/s")
@@ -375,9 +381,23 @@ def worker(args: argparse.Namespace) -> int:
         from casync.profiler import measure
         from casync.transport import Transport
 
-        cost = measure(Transport(), tuple(args.algorithms), steps=Synchronizer.time_steps)
+        # on nodes: the links inside and between them fitted apart
+        cost = measure(Transport(), tuple(args.algorithms), steps=Synchronizer.time_steps,
+                       per_node=per_node if 1 < per_node < world else 1)
         result["cost_model"] = cost.to_json()
         say("profiled the primitives on these ranks")
+        if cost.gpus > 1:
+            from casync.planner import LevelChooser
+
+            for algo in args.algorithms:
+                chooser = LevelChooser(cost, world // cost.gpus, (algo,))
+                levels = [chooser.hierarchical(n) for _, n in sizes]
+                result.setdefault("levels", {})[algo] = {
+                    "hierarchical_tensors": sum(levels), "tensors": len(levels),
+                    "hierarchical_elements": sum(n for (_, n), h in zip(sizes, levels,
+                                                                         strict=True) if h)}
+                say(f"plan='auto' on these nodes ({algo}): {sum(levels)} of {len(levels)} "
+                    "tensors through the hierarchical levels, the rest flat")
     for algo in args.algorithms:
         rows += _bench_algorithm(dist, args, algo, tensors, flat, reset,
                                  result.get("link_Bps", float("inf")), cost, say,

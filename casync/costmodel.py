@@ -141,8 +141,10 @@ class CostModel:
     """Fitted primitive costs for one kind of host and network.
 
     Attributes:
-        world: ranks (nodes) the collectives were measured on.
-        gpus: workers per node; above 1, ``intra`` prices the traffic inside a node.
+        world: nodes (ranks, with one per node) the collectives were measured on.
+        gpus: workers per node; above 1, ``intra`` prices the traffic inside a node,
+            ``send`` is the node's link, and the job's own collectives are those of
+            ``flat()``.
         costs: ``Linear`` per key (see the module docstring).
         meta: where and how it was measured (host, devices, link, date, sizes).
     """
@@ -215,8 +217,8 @@ class CostModel:
         adds (what one more tensor adds to a chunk)."""
         if world <= 1:
             return 0.0
-        if world == self.world and Cost.ALLREDUCE.key() in self.costs:
-            fit = self.costs[Cost.ALLREDUCE.key()]
+        if world == self.world and self.gpus == 1 and Cost.ALLREDUCE.key() in self.costs:
+            fit = self.costs[Cost.ALLREDUCE.key()]  # measured over every rank
             return fit(n) if fixed else fit.b * n
         send, merge = self._get(Cost.SEND.key()), self._get(Cost.MERGE.key())
         if not fixed:
@@ -230,7 +232,7 @@ class CostModel:
         world matches, else two tiny allreduces' latency plus the bytes of every peer."""
         if world <= 1:
             return 0.0
-        if world == self.world and Cost.EXCHANGE.key() in self.costs:
+        if world == self.world and self.gpus == 1 and Cost.EXCHANGE.key() in self.costs:
             return self.costs[Cost.EXCHANGE.key()](nbytes)
         return 2 * self.allreduce(1, world) + (world - 1) * self.wire(nbytes)[0]
 
@@ -243,14 +245,26 @@ class CostModel:
     def flat(self) -> CostModel:
         """The same nodes seen as ``world × gpus`` ranks on one network, as a flat
         topology runs on them: no intra-node level, and a node's ``gpus`` ranks share its
-        link (each message's bytes take ``gpus`` times as long)."""
+        link for the messages that leave the node ((N-1)·g of a rank's N·g - 1 peers;
+        the others' bytes stay inside it)."""
         if self.gpus <= 1:
             return self
         costs = dict(self.costs)
-        send = costs[Cost.SEND.key()]
-        costs[Cost.SEND.key()] = Linear(send.a, send.b * self.gpus, send.r2, send.floor)
-        return CostModel(self.world * self.gpus, costs, 1, {**self.meta, "flat": True},
-                         self.overlap, self.shares_compute)
+        send, ranks = costs[Cost.SEND.key()], self.world * self.gpus
+        share = self.gpus * (self.world - 1) * self.gpus / max(ranks - 1, 1)
+        costs[Cost.SEND.key()] = Linear(send.a, send.b * share, send.r2, send.floor)
+        return CostModel(ranks, costs, 1, {**self.meta, "flat": True}, self.overlap,
+                         self.shares_compute)
+
+    def cross(self, nodes: int) -> CostModel:
+        """What one cross-node group of the hierarchical topology runs on: ``nodes``
+        ranks, one per node, each on its share of the node's link (all ``gpus`` such
+        groups send at once). The whole job's measured collectives do not apply."""
+        flat = self.flat()
+        costs = {k: v for k, v in flat.costs.items()
+                 if k not in (Cost.ALLREDUCE.key(), Cost.EXCHANGE.key())}
+        return CostModel(nodes, costs, 1, {**self.meta, "cross": nodes}, self.overlap,
+                         self.shares_compute)
 
     @property
     def digest(self) -> str:

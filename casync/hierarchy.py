@@ -25,18 +25,14 @@ explicit ``ranks_per_node``.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
-
-import numpy as np
 
 from hipress.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
+from .levels import Batch, Layout, Pack, PackEntry, Segment, Wire, make_groups, reject
 from .plan import COMPRESSED, HIERARCHICAL
 from .settings import agree, default_timeout, publish_invalid
 
@@ -51,149 +47,6 @@ _END = None  # a step's end on the stage queues
 _STATE_FORMAT = 1
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Where a rank sits: ``nodes`` nodes of ``local_size`` ranks, numbered node by node.
-
-    Attributes:
-        nodes: the number of nodes.
-        local_size: ranks per node (L).
-        node: this rank's node.
-        local_rank: this rank's index on its node.
-    """
-
-    nodes: int
-    local_size: int
-    node: int
-    local_rank: int
-
-    @classmethod
-    def of(cls, rank: int, size: int, ranks_per_node: int | None = None) -> Layout:
-        """The layout of ``rank`` in a job of ``size`` ranks.
-
-        Raises:
-            ConfigError: no ``ranks_per_node`` and no ``LOCAL_WORLD_SIZE``, or one that
-                does not divide the job.
-        """
-        from_launcher = ranks_per_node is None
-        if from_launcher:
-            raw = os.environ.get("LOCAL_WORLD_SIZE")
-            if raw is None:
-                raise ConfigError("the hierarchical topology needs the ranks per node: "
-                                  "launch with torchrun or hipress run (LOCAL_WORLD_SIZE), "
-                                  "or pass ranks_per_node=")
-            try:
-                ranks_per_node = int(raw)
-            except ValueError:
-                raise ConfigError(f"LOCAL_WORLD_SIZE={raw!r} is not a number") from None
-        if isinstance(ranks_per_node, bool) or not isinstance(ranks_per_node, int) \
-                or ranks_per_node < 1 or size % ranks_per_node:
-            raise ConfigError(f"ranks_per_node must be a positive divisor of the job's "
-                              f"{size} ranks, not {ranks_per_node!r}")
-        group_rank = os.environ.get("GROUP_RANK")
-        node, local = divmod(rank, ranks_per_node)
-        if from_launcher and group_rank is not None and group_rank.isdigit() \
-                and int(group_rank) != node:
-            raise ConfigError(f"rank {rank} is on node {group_rank} (GROUP_RANK), but "
-                              f"{ranks_per_node} ranks per node put it on node {node}: the "
-                              "hierarchical topology needs ranks numbered node by node, "
-                              "as torchrun numbers them")
-        return cls(size // ranks_per_node, ranks_per_node, node, local)
-
-    def node_ranks(self, node: int) -> list[int]:
-        return [node * self.local_size + j for j in range(self.local_size)]
-
-    def cross_ranks(self, local: int) -> list[int]:
-        return [n * self.local_size + local for n in range(self.nodes)]
-
-
-class _Wire:
-    """The engine's traffic, both levels (what ``Synchronizer.transport`` reports)."""
-
-    def __init__(self, group: Any, rank: int, size: int, inner: Any) -> None:
-        self.group, self.rank, self.size = group, rank, size
-        self.inner = inner
-        self.intra_bytes = 0
-        self.intra_collectives = 0
-
-    @property
-    def bytes_sent(self) -> int:
-        return int(self.inner.bytes_sent) + self.intra_bytes
-
-    @property
-    def across_bytes(self) -> int:
-        """Bytes sent to other nodes."""
-        return int(self.inner.bytes_sent)
-
-    @property
-    def messages_sent(self) -> int:
-        return int(self.inner.messages_sent)
-
-    @property
-    def collectives(self) -> int:
-        return int(self.inner.collectives) + self.intra_collectives
-
-
-@dataclass
-class _Segment:
-    """Elements [start, stop) of a submitted tensor, cut into one part per local rank:
-    part j, elements ``bounds[j]:bounds[j + 1]``, sits at ``offsets[j]`` of the pack's
-    region j. The cuts follow the tensor alone (never the order or the buckets it came
-    in), so each rank reduces the same elements, and keeps their residuals, every step."""
-
-    entry: _Entry
-    bounds: list[int]
-    offsets: list[int]
-
-
-class _Entry:
-    __slots__ = ("name", "tensor", "flat", "work", "left", "batch")
-
-    def __init__(self, name: str, tensor: Any, batch: _Batch) -> None:
-        import torch
-
-        if isinstance(tensor, np.ndarray):
-            if tensor.dtype.kind != "f":
-                raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
-            tensor = torch.from_numpy(tensor)
-        if not isinstance(tensor, torch.Tensor):
-            raise ConfigError(f"submit() takes a torch tensor or NumPy array, not "
-                              f"{type(tensor).__name__}")
-        if not tensor.is_floating_point():
-            raise ConfigError(f"gradients must be floating point, not {tensor.dtype}")
-        self.name = name
-        self.tensor = tensor.detach()
-        # a strided tensor is worked on in a contiguous copy, copied back at the end
-        self.work = self.tensor if self.tensor.is_contiguous() else self.tensor.contiguous()
-        self.flat = self.work.view(-1)
-        self.left = 0  # segments not yet written back
-        self.batch = batch
-
-
-class _Batch:
-    """A ``submit``/``submit_many``'s future and the tensors it waits for."""
-
-    __slots__ = ("future", "left", "value")
-
-    def __init__(self, future: Any, left: int, value: Any) -> None:
-        self.future, self.left, self.value = future, left, value
-
-
-class _Pack:
-    """Consecutive segments of a step's tensors, synchronized as one flat buffer."""
-
-    __slots__ = ("number", "segments", "numel", "regions", "slice", "future", "device")
-
-    def __init__(self, number: int, local: int) -> None:
-        self.number = number
-        self.segments: list[_Segment] = []
-        self.numel = 0
-        self.regions = [0] * local  # elements of each local rank's region so far
-        self.slice: Any = None
-        self.future: Any = None
-        self.device: Any = None
-
-
 class Hierarchical:
     """A ``Synchronizer`` over nodes: uncompressed inside a node, compressed across.
 
@@ -205,6 +58,10 @@ class Hierarchical:
         algorithm: the CompLL algorithm across nodes, or ``"none"``.
         across: the topology across nodes: ``ps``, ``ring`` or ``allgather``.
         ranks_per_node: ranks per node (default ``LOCAL_WORLD_SIZE``).
+        levels: ``hierarchical``, or ``auto``: with ``plan="auto"`` on several nodes,
+            each tensor goes flat (a ``Synchronizer`` over every rank) or through the
+            levels, as ``casync.planner.LevelChooser`` predicts faster (what
+            ``Synchronizer(..., plan="auto")`` makes on a job of several nodes).
         intra_dtype: what the intra-node levels send: ``float32``, ``float16`` or
             ``bfloat16`` (the values are rounded to it once, on every rank alike).
         pack_elems: elements per pipelined pack.
@@ -223,11 +80,10 @@ class Hierarchical:
     def __init__(self, algorithm: str | None = "onebit", topology: str = HIERARCHICAL, *,
                  across: str = "ps", ranks_per_node: int | None = None,
                  intra_dtype: str = "float32", pack_elems: int = PACK_ELEMS,
-                 group: Any = None, timeout: float | None = None, **options: Any) -> None:
+                 group: Any = None, timeout: float | None = None, levels: str = HIERARCHICAL,
+                 **options: Any) -> None:
         import torch
         import torch.distributed as dist
-
-        from .synchronizer import Synchronizer
 
         try:
             if topology != HIERARCHICAL:
@@ -264,17 +120,19 @@ class Hierarchical:
         self.intra_dtype = getattr(torch, intra_dtype)
         self.pack_elems = pack_elems
         self.timeout = seconds
-        self._groups = _make_groups(layout, members, seconds)
-        self.inner = Synchronizer(algorithm, across, group=self._groups["cross"],
-                                  timeout=seconds, **options)
-        lifecycle.forget(self.inner)  # closed by this engine, after its own threads
+        self._groups = make_groups(layout, members, seconds)
+        self.flat: Any = None
+        self.chooser: Any = None
+        self._engines(algorithm, across, group, seconds, levels, options)
         self.config = self.inner.config
-        self.transport = _Wire(group, self.rank, self.size, self.inner.transport)
+        self.transport = Wire(group, self.rank, self.size,
+                               [e.transport for e in (self.inner, self.flat) if e is not None])
         self.executor = self.inner.executor
+        self._flat_futures: list[Any] = []
         # -- the step in progress (the caller's thread)
         self.step = 0
         self.names: set[str] = set()
-        self._pack = _Pack(0, self.layout.local_size)
+        self._pack = Pack(0, self.layout.local_size)
         self._packs = 0
         self._waiter = _Waiter(self)
         # -- the pipeline: two stages, each a thread fed in order
@@ -292,6 +150,38 @@ class Hierarchical:
         for thread in self._threads:
             thread.start()
         lifecycle.register(self)
+
+    def _engines(self, algorithm: str | None, across: str, group: Any, seconds: float,
+                 levels: str, options: dict[str, Any]) -> None:
+        """The cross-node engine, and with ``levels="auto"`` the flat one; with
+        ``plan="auto"`` both plan on one profile of the whole job that fitted the two
+        links apart (measured once, then cached)."""
+        from .planner import CostPlanner, LevelChooser
+        from .profiler import cached
+        from .synchronizer import Synchronizer
+        from .transport import Transport
+
+        layout = self.layout
+        auto = "auto" in (options.get("plan"), options.get("planner")) \
+            and algorithm not in (None, "none") and layout.nodes > 1 and layout.local_size > 1
+        if not auto:
+            self.inner = Synchronizer(algorithm, across, group=self._groups["cross"],
+                                      timeout=seconds, **options)
+            lifecycle.forget(self.inner)  # closed by this engine, after its own threads
+            return
+        assert algorithm is not None
+        rest = {k: v for k, v in options.items() if k not in ("plan", "planner", "min_compress")}
+        cost = cached(Transport(group), (algorithm,), rest.get("target", "auto"),
+                      steps=Synchronizer.time_steps, per_node=layout.local_size)
+        self.inner = Synchronizer(algorithm, across, group=self._groups["cross"],
+                                  timeout=seconds, **rest,
+                                  planner=CostPlanner(cost.cross(layout.nodes), (algorithm,)))
+        lifecycle.forget(self.inner)
+        if levels == "auto":
+            self.flat = Synchronizer(algorithm, across, group=group, timeout=seconds, **rest,
+                                     planner=CostPlanner(cost.flat(), (algorithm,)))
+            lifecycle.forget(self.flat)
+            self.chooser = LevelChooser(cost, layout.nodes, (algorithm,))
 
     # -- what the plugins and the benchmarks read -------------------------------------
 
@@ -323,23 +213,51 @@ class Hierarchical:
                 raise ConfigError(f"tensor {name!r} was already submitted in step "
                                   f"{self.step}; call synchronize() to finish the step first")
             seen.add(name)
-        batch = _Batch(staging.future(self._waiter), 0, value)
-        entries = [_Entry(name, tensor, batch) for name, tensor in items]
-        if not self.names and entries:
+        batch = Batch(staging.future(self._waiter), 0, value)
+        entries = [PackEntry(name, tensor, batch) for name, tensor in items]
+        flat: list[PackEntry] = []
+        if self.chooser is not None:  # plan="auto": each tensor flat or through the levels
+            hierarchical = self.chooser.hierarchical
+            flat = [e for e in entries if not hierarchical(e.flat.numel())]
+            entries = [e for e in entries if hierarchical(e.flat.numel())]
+        if not self.names and items:
             with self._lock:
                 self._open_steps += 1
         self.names.update(name for name, _ in items)
-        full: list[_Pack] = []
+        full: list[Pack] = []
         for entry in entries:
             self._place(entry, full)
-        if batch.left == 0:
+        if flat:
+            batch.left += 1
+            future = self.flat.submit_many((e.name, e.tensor) for e in flat)
+            self._flat_futures.append(future)
+            future.then(lambda done: self._flat_done(batch, done))
+        elif batch.left == 0:
             batch.future.set_result(value)
         # Sent once every count is final: the gather stage counts them down.
         for pack in full:
             self._send(pack)
         return batch.future
 
-    def _place(self, entry: _Entry, full: list[_Pack]) -> None:
+    def _flat_done(self, batch: Batch, done: Any) -> None:
+        """The flat engine finished a batch's flat tensors (on its thread)."""
+        try:
+            done.value()
+        except BaseException as exc:  # noqa: BLE001 - the engine's error fails ours
+            self._fail(exc)
+            if not batch.future.done():
+                batch.future.set_exception(self.error)
+            return
+        self._count_down(batch)
+
+    def _count_down(self, batch: Batch) -> None:
+        with self._lock:  # the gather stage and the flat engine both count
+            batch.left -= 1
+            last = batch.left == 0
+        if last and not batch.future.done():
+            batch.future.set_result(batch.value)
+
+    def _place(self, entry: PackEntry, full: list[Pack]) -> None:
         """Add ``entry``'s elements to the packs, in pieces of at most ``pack_elems`` cut
         at fixed offsets of the tensor; the packs that fill go to ``full``."""
         n, local = entry.flat.numel(), self.layout.local_size
@@ -351,7 +269,7 @@ class Hierarchical:
                 pack = self._pack
             pack.device = entry.flat.device
             bounds = [start + (stop - start) * j // local for j in range(local + 1)]
-            pack.segments.append(_Segment(entry, bounds, list(pack.regions)))
+            pack.segments.append(Segment(entry, bounds, list(pack.regions)))
             for j in range(local):
                 pack.regions[j] += bounds[j + 1] - bounds[j]
             entry.left += 1
@@ -361,19 +279,22 @@ class Hierarchical:
         if n:
             entry.batch.left += 1
 
-    def _next_pack(self) -> _Pack:
+    def _next_pack(self) -> Pack:
         pack = self._pack
         self._packs += 1
-        self._pack = _Pack(self._packs, self.layout.local_size)
+        self._pack = Pack(self._packs, self.layout.local_size)
         return pack
 
-    def _send(self, pack: _Pack) -> None:
+    def _send(self, pack: Pack) -> None:
         self._reduce.put(pack)
 
     def flush(self) -> None:
-        """Nothing: packs are cut by size alone (and at the step's end), not where a
-        caller's buckets end, so that each rank's slice covers the same elements, and
-        its residuals follow them, whatever the buckets are from one run to the next."""
+        """Send the flat engine's chunks. Packs are cut by size alone (and at the step's
+        end), not where a caller's buckets end, so that each rank's slice covers the
+        same elements, and its residuals follow them, whatever the buckets are from one
+        run to the next."""
+        if self.flat is not None:
+            self.flat.flush()
 
     def _send_partial(self) -> None:
         """Send the pack still filling: a future is waited on before the step ends."""
@@ -386,6 +307,8 @@ class Hierarchical:
             return
         self._send_partial()
         self._reduce.put(_END)
+        if self._flat_futures:  # every rank routed alike: the flat engine has a step too
+            self.flat.end_step()
         self.names.clear()
         self.step += 1
 
@@ -399,6 +322,12 @@ class Hierarchical:
         self._settle()
 
     def _settle(self) -> None:
+        futures, self._flat_futures = self._flat_futures, []
+        for future in futures:
+            try:
+                future.wait()
+            except BaseException as exc:  # noqa: BLE001 - raised below as the engine's
+                self._fail(exc)
         while True:
             with self._lock:
                 if self._open_steps == 0:
@@ -431,13 +360,13 @@ class Hierarchical:
                 except BaseException as exc:  # noqa: BLE001 - any failure fails the step
                     self._fail(exc)
             if self.error is not None and item is not _END:
-                _reject(item, self.error)
+                reject(item, self.error)
             if not last:
                 self._gather.put(item)
             elif item is _END:
                 self._ended.release()
 
-    def _scatter(self, pack: _Pack | None) -> None:
+    def _scatter(self, pack: Pack | None) -> None:
         """Reduce-scatter ``pack`` inside the node, then send this rank's slice across."""
         import torch
         import torch.distributed as dist
@@ -472,7 +401,7 @@ class Hierarchical:
         pack.future = self.inner.submit_many(pieces)
         self.inner.flush()
 
-    def _collect(self, pack: _Pack | None) -> None:
+    def _collect(self, pack: Pack | None) -> None:
         """Wait for ``pack``'s slice across nodes, all-gather it, write it back."""
         import torch
         import torch.distributed as dist
@@ -491,7 +420,7 @@ class Hierarchical:
             self.transport.intra_bytes += (local - 1) * mine.numel() * mine.element_size()
         else:
             full = mine
-        done: list[_Entry] = []
+        done: list[PackEntry] = []
         share = mine.numel()
         for seg in pack.segments:
             for j in range(local):
@@ -504,12 +433,9 @@ class Hierarchical:
         for entry in done:
             if entry.work is not entry.tensor:
                 entry.tensor.copy_(entry.work)
-            batch = entry.batch
-            batch.left -= 1
-            if batch.left == 0:
-                batch.future.set_result(batch.value)
+            self._count_down(entry.batch)
 
-    def _collective(self, what: str, pack: _Pack, call: Any) -> None:
+    def _collective(self, what: str, pack: Pack, call: Any) -> None:
         self.transport.intra_collectives += 1
         try:
             call()
@@ -531,7 +457,8 @@ class Hierarchical:
         """The cross-node engine's state and this layout (``Synchronizer.state_dict``)."""
         self._between_steps("state_dict")
         return {"hierarchical": _STATE_FORMAT, "layout": self._layout_fields(),
-                "step": self.step, "engine": self.inner.state_dict()}
+                "step": self.step, "engine": self.inner.state_dict(),
+                "flat": None if self.flat is None else self.flat.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
         """Continue from a ``state_dict`` of the same rank and layout.
@@ -548,6 +475,8 @@ class Hierarchical:
                               f"engine has {self._layout_fields()} (field 'layout'): load "
                               "it into a job of the same nodes and ranks per node")
         self.inner.load_state_dict(state["engine"], reset_residuals)
+        if self.flat is not None and state.get("flat"):
+            self.flat.load_state_dict(state["flat"], reset_residuals)
         self.step = int(state["step"])
 
     def _layout_fields(self) -> dict[str, Any]:
@@ -574,6 +503,8 @@ class Hierarchical:
                 for thread in self._threads:
                     thread.join(5.0)
             self.inner.close()
+            if self.flat is not None:
+                self.flat.close()
 
 
 _STOP = object()
@@ -588,45 +519,4 @@ class _Waiter:
     def flush(self) -> None:
         self.engine._send_partial()
 
-
-def _failed(future: Any, result: Any) -> bool:
-    try:
-        future.value()
-    except BaseException as exc:  # noqa: BLE001
-        result.set_exception(exc)
-        return True
-    return False
-
-
-def _reject(pack: _Pack, error: SyncError) -> None:
-    for seg in pack.segments:
-        future = seg.entry.batch.future
-        if not future.done():
-            future.set_exception(error)
-
-
-def _make_groups(layout: Layout, members: list[int], timeout: float) -> dict[Any, Any]:
-    """This rank's groups: its node's, twice per backend (reduce-scatter and all-gather
-    never share a group, so the two stages' collectives cannot interleave), and its
-    cross-node line. Every rank makes every group, in the same order."""
-    import torch.distributed as dist
-
-    wait = timedelta(seconds=timeout)
-    backends = ["gloo"] + (["nccl"] if "nccl" in str(dist.get_backend()) else [])
-    me = members.index(dist.get_rank())
-    mine: dict[Any, Any] = {}
-    for node in range(layout.nodes):
-        ranks = [members[r] for r in layout.node_ranks(node)]
-        for backend in backends:
-            for level in ("reduce", "gather"):
-                made = dist.new_group(ranks, backend=backend, timeout=wait) \
-                    if layout.local_size > 1 else None
-                if me // layout.local_size == node:
-                    mine[(level, "cuda" if backend == "nccl" else "cpu")] = made
-    for local in range(layout.local_size):
-        ranks = [members[r] for r in layout.cross_ranks(local)]
-        made = dist.new_group(ranks, backend="gloo", timeout=wait)
-        if me % layout.local_size == local:
-            mine["cross"] = made
-    return mine
 

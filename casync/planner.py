@@ -34,7 +34,8 @@ from .simulate import Gradient, Result, simulate
 from .timeline import Lanes, predict
 from .transport import Transport
 
-__all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN", "choose_level"]
+__all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN", "choose_level",
+           "LevelChooser"]
 
 #: How much faster a per-tensor (greedy) whole-model plan must be predicted than the
 #: best fixed strategy to be chosen: a minimum over many candidates also picks the
@@ -244,3 +245,44 @@ def choose_level(cost: CostModel, nodes: int, grads: Sequence[Any],
             best = (planner, result)
     assert best is not None
     return best
+
+
+class LevelChooser:
+    """Per tensor, flat or hierarchical: the engine's ``plan="auto"`` on a job of
+    ``nodes`` nodes of ``cost.gpus`` ranks (a profile that fitted both links,
+    ``casync.profiler.measure(per_node=...)``). A tensor goes the way its best plan is
+    predicted to end first, alone on the lanes; the same on every rank for the same
+    profile.
+
+    Example:
+        >>> chooser = LevelChooser(cost, nodes=2, algorithms=("onebit",))
+        >>> chooser.hierarchical(25_000_000)
+        False
+    """
+
+    def __init__(self, cost: CostModel, nodes: int,
+                 algorithms: tuple[str, ...] = ("onebit",)) -> None:
+        self.cost, self.nodes = cost, nodes
+        self.flat_cost = cost.flat()
+        self.world = nodes * cost.gpus
+        self.options = {True: (cost, nodes, CostPlanner(cost, algorithms, max_partitions=nodes)),
+                        False: (self.flat_cost, self.world,
+                                CostPlanner(self.flat_cost, algorithms,
+                                            max_partitions=self.world))}
+        self._by_size: dict[int, bool] = {}
+
+    def predicted(self, numel: int, hierarchical: bool) -> float:
+        """The earliest predicted end of a tensor of ``numel`` alone, in one level."""
+        cost, world, planner = self.options[hierarchical]
+        return min(predict(Lanes(), cost, plan, numel, world, 0.0,
+                           segments=plan.partitions_for(numel) if plan.compress else 1)
+                   for plan in planner.candidates(numel, world))
+
+    def hierarchical(self, numel: int) -> bool:
+        """Whether a tensor of ``numel`` elements goes through the hierarchical levels."""
+        choice = self._by_size.get(numel)
+        if choice is None:
+            choice = self.predicted(numel, True) < self.predicted(numel, False)
+            if len(self._by_size) < 4096:
+                self._by_size[numel] = choice
+        return choice

@@ -260,8 +260,13 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
             steps: StepTimer, elements: tuple[int, ...] = ELEMENTS,
             message_bytes: tuple[int, ...] = BYTES,
             reps: int = 5, target: str = "auto", error_feedback: bool | None = None,
-            say: Callable[[str], Any] = lambda _: None) -> CostModel:
+            per_node: int = 1, say: Callable[[str], Any] = lambda _: None) -> CostModel:
     """Profile the primitives on ``transport``'s group (a collective: call on every rank).
+
+    On a job of several nodes of ``per_node`` ranks (numbered node by node) it also
+    fits the two links apart: ``send`` between nodes, every rank sending to its peer on
+    the next node at once (stored as the node's link: ``gpus`` = ``per_node`` ranks
+    share it), and ``intra``, the node's reduce-scatter and all-gather.
 
     Args:
         transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
@@ -273,6 +278,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         target: codec target, as for ``hipress.codec``.
         error_feedback: time encodes with residuals (``None``: as the engine does,
             on for biased codecs).
+        per_node: ranks per node (1, or the whole group: one level).
         say: progress callback.
 
     Returns:
@@ -301,12 +307,62 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     if transport.size > 1:
         overlap = _wire_costs(transport, costs, x, acc, elements, message_bytes, reps, say)
         engine_costs(transport, steps, costs, overlap, algorithms, reps, say)
+    nodes = per_node > 1 and transport.size > per_node and transport.size % per_node == 0
+    if nodes:
+        _level_costs(transport, costs, per_node, elements, message_bytes, reps, say)
     meta = {"host": platform.node(), "machine": platform.machine(),
             "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
             "hipress": __version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "elements": list(elements), "message_bytes": list(message_bytes), "reps": reps}
+    if nodes:  # as a cluster model: its world the nodes, its collectives the flat view's
+        return CostModel(transport.size // per_node, costs, per_node, meta, overlap)
     return CostModel(transport.size, costs, 1, meta, overlap)
+
+
+def _level_costs(transport: Transport, costs: dict[str, Linear], per_node: int,
+                 elements: tuple[int, ...], message_bytes: tuple[int, ...], reps: int,
+                 say: Callable[[str], Any]) -> None:
+    """A job of nodes: ``send`` between nodes as the node's link, and ``intra``."""
+    import torch
+
+    dist, rank, size = transport.dist, transport.rank, transport.size
+    local, node = rank % per_node, rank // per_node
+    members = [int(dist.get_global_rank(transport.group, r)) if transport.group is not None
+               else r for r in range(size)]
+    group = None
+    for first in range(0, size, per_node):  # every rank makes every node's group
+        made = dist.new_group(members[first:first + per_node], backend="gloo")
+        if first == node * per_node:
+            group = made
+    right = ((node + 1) * per_node + local) % size
+    left = ((node - 1) * per_node + local) % size
+    send_buf = np.zeros(max(message_bytes), np.uint8)
+    recv_buf = np.empty_like(send_buf)
+
+    def send(nbytes: int) -> None:
+        handles = [transport.isend(send_buf[:nbytes], right, 2),
+                   transport.irecv(nbytes, left, 2, recv_buf[:nbytes])]
+        for handle in handles:
+            transport.wait(handle, 600)
+
+    across = _sweep(transport, message_bytes, reps, send)
+    # The node's ranks sent at once: its link moved per_node messages in that time.
+    costs[Cost.SEND.key()] = Linear(across.a, across.b / per_node, across.r2, across.floor,
+                                    across.points)
+    say(f"send between nodes (per rank, {per_node} at once): {across}")
+    flat = torch.zeros(per_node * max(elements))
+    part = torch.empty(max(elements))
+
+    def level(n: int) -> None:  # one reduce-scatter and one all-gather of n per rank
+        dist.reduce_scatter_single(part[:n], flat[:per_node * n], group=group)
+        dist.all_gather_single(flat[:per_node * n], part[:n], group=group)
+
+    both = _sweep(transport, elements, reps, level)
+    # ``CostModel.intra`` prices one level by the bytes each rank moves, (L-1)/L of it
+    moved = 4 * (per_node - 1)
+    costs[Cost.INTRA.key()] = Linear(both.a / 2, both.b / 2 / moved, both.r2, both.floor / 2)
+    say(f"intra-node level (reduce-scatter or all-gather): {costs[Cost.INTRA.key()]}")
 
 
 def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _Cold,
@@ -348,18 +404,20 @@ def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _
     return overlap
 
 
-def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str) -> Path:
+def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str,
+                per_node: int) -> Path:
     key = json.dumps([PROFILE_FORMAT, platform.node(), transport.size, sorted(algorithms), target,
                       __version__, os.environ.get("HIPRESS_BANDWIDTH"),
-                      os.environ.get("HIPRESS_THREADS")])
+                      os.environ.get("HIPRESS_THREADS"), per_node])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "auto", *,
-           steps: StepTimer, say: Callable[[str], Any] = lambda _: None) -> CostModel:
-    """Rank 0's cached profile for this host, world and settings, measured (on every
-    rank) when rank 0 has none; every rank returns the same model."""
-    path = _cache_path(transport, algorithms, target)
+           steps: StepTimer, per_node: int = 1,
+           say: Callable[[str], Any] = lambda _: None) -> CostModel:
+    """Rank 0's cached profile for this host, world, layout and settings, measured (on
+    every rank) when rank 0 has none; every rank returns the same model."""
+    path = _cache_path(transport, algorithms, target, per_node)
     text = [path.read_text() if transport.rank == 0 and path.exists() else None]
     if transport.size > 1:
         transport.dist.broadcast_object_list(text, src=transport.dist.get_global_rank(
@@ -367,7 +425,8 @@ def cached(transport: Transport, algorithms: tuple[str, ...], target: str = "aut
     if text[0] is not None:
         return CostModel.from_json(json.loads(text[0]))
     say("profiling the primitives once for plan='auto' (cached afterwards)")
-    cost = measure(transport, algorithms, steps=steps, target=target, say=say)
+    cost = measure(transport, algorithms, steps=steps, target=target, per_node=per_node,
+                   say=say)
     if transport.rank == 0:
         cost.save(path)
     return cost

@@ -36,6 +36,25 @@ from .transport import Transport
 __all__ = ["Synchronizer", "default_timeout"]
 
 
+def _on_nodes(algorithm: str | None, options: dict[str, Any]) -> bool:
+    """``plan="auto"`` on the whole job of several nodes of several ranks (torchrun's
+    ``LOCAL_WORLD_SIZE``): the planner then also chooses flat or hierarchical."""
+    if "auto" not in (options.get("plan"), options.get("planner")) \
+            or algorithm in (None, "none") or options.get("transport") is not None:
+        return False
+    import os
+
+    import torch.distributed as dist
+
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not local.isdigit() or not dist.is_initialized():
+        return False
+    group = options.get("group")
+    world = dist.get_world_size()
+    whole = group is None or dist.get_world_size(group) == world
+    return whole and 1 < int(local) < world and world % int(local) == 0
+
+
 class Synchronizer:
     """Averages gradients across the ranks of a Gloo group with compression-aware graphs.
 
@@ -55,7 +74,11 @@ class Synchronizer:
         planner: decides per tensor: a ``Planner``; or a plan name as ``plan`` takes.
         plan: ``"static"`` (the default): a ``StaticPlanner`` over the above with
             ``min_compress``; ``"auto"``: a ``CostPlanner`` on this group's measured costs
-            (profiled once at start-up, then cached). The wrappers' ``plan=``.
+            (profiled once at start-up, then cached). The wrappers' ``plan=``. On a job
+            of several nodes (``LOCAL_WORLD_SIZE`` below the world) ``"auto"`` also
+            chooses per tensor between a flat topology and ``hierarchical``
+            (``casync.hierarchy``; the profile then fits the links inside and between
+            nodes apart).
         min_compress: static plans allreduce tensors below this many elements.
         error_feedback: keep residuals; ``None`` means on for biased algorithms only.
         group: the process group (Gloo); default the world.
@@ -86,10 +109,15 @@ class Synchronizer:
 
     def __new__(cls, algorithm: str | None = "onebit", topology: str = "ps",
                 **options: Any) -> Any:
-        if cls is Synchronizer and topology == HIERARCHICAL:
+        if cls is Synchronizer and (topology == HIERARCHICAL
+                                    or _on_nodes(algorithm, options)):
             from .hierarchy import Hierarchical
 
-            return Hierarchical(algorithm, topology, **options)
+            if topology == HIERARCHICAL:
+                return Hierarchical(algorithm, topology, **options)
+            # plan="auto" on several nodes: each tensor flat or hierarchical
+            return Hierarchical(algorithm, HIERARCHICAL, across=topology, levels="auto",
+                                **options)
         return super().__new__(cls)
 
     def __init__(self, algorithm: str | None = "onebit", topology: str = "ps", *,

@@ -505,6 +505,32 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return result
 
 
+def auto_levels(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """``plan="auto"`` on nodes of ``LOCAL_WORLD_SIZE`` ranks: profiled with both links,
+    each tensor flat or hierarchical; two steps."""
+    from casync import Synchronizer
+
+    sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
+    sync = Synchronizer(args["algo"], plan="auto", timeout=120)
+    results = []
+    for step in range(2):
+        tensors = [_torch_tensor(data(rank, i, n, step), "float32", True)
+                   for i, n in enumerate(sizes)]
+        sync.submit_many([(f"t{i}", t) for i, t in enumerate(tensors)])
+        sync.synchronize()
+        results += [t.numpy() for t in tensors]
+    chooser: Any = getattr(sync, "chooser", None)
+    cost = chooser.cost if chooser is not None else None
+    result = {"engine": type(sync).__name__, "sizes": sizes,
+              "levels": [chooser.hierarchical(n) for n in sizes] if chooser else None,
+              "gpus": cost.gpus if cost else None,
+              "intra": cost.intra(4 << 20) if cost else None,
+              "digest": cost.digest if cost else None}
+    sync.close()
+    np.savez(out / f"rank{rank}.npz", results=np.concatenate(results))
+    return result
+
+
 def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every tensor compressed (onebit, min_compress 0) on the device path: the bytes it
     copied from device to host memory, the bytes it sent, and the gradients' own bytes."""
@@ -538,6 +564,7 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, nonfinite,
                                                      wait_first, fault, hierarchical,
                                                      mismatch, pipeline, messages, auto_plan,
+                                                     auto_levels,
                                                      host_copies)}
 
 

@@ -94,3 +94,29 @@ def test_a_ddp_job_resumes_its_hierarchical_state_bit_for_bit(tmp_path):
     ranks.resumed_bit_for_bit("torch_checkpoint", tmp_path,
                               {"algo": "onebit", "mode": "hook", "topology": "hierarchical"},
                               world=4, env=_nodes(2))
+
+
+@pytest.mark.parallel
+def test_auto_plan_on_nodes_profiles_both_links_and_routes_alike(tmp_path):
+    results = ranks.launch(4, "auto_levels", tmp_path, {"algo": "onebit"},
+                           env={**_nodes(2), "HIPRESS_CACHE_DIR": str(tmp_path / "cache")},
+                           timeout=600)
+    _ok(results)
+    first = results[0]
+    assert first["engine"] == "Hierarchical" and first["gpus"] == 2 and first["intra"] > 0
+    for r in results:  # one profile, one routing, the same bits
+        assert (r["digest"], r["levels"]) == (first["digest"], first["levels"])
+        assert r["arrays"]["results"].tobytes() == first["arrays"]["results"].tobytes()
+    assert np.isfinite(first["arrays"]["results"]).all()
+
+
+def test_the_level_chooser_follows_the_links():
+    from casync.costmodel import CostModel
+    from casync.planner import LevelChooser
+
+    big = 4 << 20
+    fast_node = LevelChooser(CostModel.cluster(2, 4, 10e9, ("onebit",)), 2)
+    assert fast_node.hierarchical(big)
+    slow_node = LevelChooser(CostModel.cluster(2, 4, 10e9, ("onebit",), intra_Bps=0.1e9), 2)
+    assert not slow_node.hierarchical(big)
+    assert slow_node.predicted(big, True) > slow_node.predicted(big, False)
