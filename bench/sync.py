@@ -64,7 +64,7 @@ from hipress.cliargs import (  # noqa: E402
     rate,
 )
 from hipress.distributed import destroy_process_group  # noqa: E402
-from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
+from hipress.hosts import bind_to_master, loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
@@ -336,6 +336,7 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
+    bind_to_master()  # on a cluster: Gloo on the interface that reaches node 0
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
     say = print if rank == 0 else (lambda *a, **k: None)

@@ -11,6 +11,10 @@ same case's time can move between runs by more than the bound.
 
     hipress bench validate                      # 2 and 4 ranks on loopback
     sudo hipress bench validate --networks loopback shaped --repeat 3
+
+On shaped networks it also runs ``--layouts`` (default 2x2: two nodes of two ranks,
+only the link between them shaped), with the hierarchical topology among the cases; the
+profile there fits the links inside and between nodes apart.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from casync.plan import COMPRESSED  # noqa: E402
+from casync.plan import COMPRESSED, HIERARCHICAL  # noqa: E402
 from hipress.cliargs import Parser, algorithm, count, number  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
@@ -36,6 +40,9 @@ RESULTS = HERE / "results"
 
 
 def _config(run: dict[str, Any]) -> str:
+    per_node = run.get("per_node", 1)
+    if per_node > 1:
+        return f"{run['network']}, {run['world'] // per_node} x {per_node} ranks"
     return f"{run['network']}, {run['world']} ranks"
 
 
@@ -95,16 +102,31 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _sync(args: argparse.Namespace, world: int, network: str, out: Path) -> dict[str, Any]:
-    command = [sys.executable, str(HERE / "sync.py"), "--ranks", str(world),
+def _sync(args: argparse.Namespace, world: int, network: str, out: Path,
+          per_node: int = 1) -> dict[str, Any]:
+    where = ["--ranks", str(world)] if per_node == 1 else \
+        ["--nodes", str(world // per_node), "--ranks-per-node", str(per_node)]
+    topologies = args.topologies + ([HIERARCHICAL] if per_node > 1 else [])
+    command = [sys.executable, str(HERE / "sync.py"), *where,
                "--network", network, "--validate", "--steps", str(args.steps),
                "--scale", str(args.scale), "--algorithms", *args.algorithms,
-               "--topologies", *args.topologies, "--out", str(out)]
+               "--topologies", *topologies, "--out", str(out)]
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"bench sync on {world} {network} ranks failed "
                          f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "per_node": per_node}
+
+
+def _layout(text: str) -> tuple[int, int]:
+    """``NxL``: N nodes of L ranks."""
+    try:
+        nodes, per_node = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NODESxRANKS, e.g. 2x2") from None
+    if nodes < 2 or per_node < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: at least 2 nodes of 2 ranks")
+    return nodes, per_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
     parser.add_argument("--topologies", nargs="+", default=[*COMPRESSED, "auto"],
                         choices=[*COMPRESSED, "auto"])
+    parser.add_argument("--layouts", nargs="*", type=_layout, default=[(2, 2)],
+                        help="on shaped networks, also NODESxRANKS jobs whose ranks share "
+                             "nodes (the hierarchical cases too); default 2x2")
     parser.add_argument("--steps", type=count(1), default=10, help="timed steps per case")
     parser.add_argument("--scale", type=number(above=0), default=1.0,
                         help="multiply tensor sizes")
@@ -133,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeat):
             results = []
             for network in args.networks:
-                for world in args.ranks:
-                    console.print(f"run {r + 1}/{args.repeat}: {world} ranks, {network}")
-                    out = Path(tmp) / f"{r}_{network}_{world}.json"
-                    results.append(_sync(args, world, network, out))
+                jobs = [(world, 1) for world in args.ranks]
+                if network == "shaped":
+                    jobs += [(n * k, k) for n, k in args.layouts]
+                for world, per_node in jobs:
+                    console.print(f"run {r + 1}/{args.repeat}: {world} ranks "
+                                  f"({per_node} per node), {network}")
+                    out = Path(tmp) / f"{r}_{network}_{world}_{per_node}.json"
+                    results.append(_sync(args, world, network, out, per_node))
             runs.append(results)
     summary = summarize(runs, args.bound)
     summary["runs"] = runs

@@ -21,7 +21,7 @@ from casync.settings import Settings, publish_invalid
 from casync.teardown import Connections
 
 from .errors import ConfigError
-from .hosts import free_port
+from .hosts import bind_to_master, free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
            "gloo_group", "synchronizer", "EngineOptions", "LazyEngine", "average_arrays",
@@ -65,6 +65,7 @@ def init(backend: str | None = None, timeout: float = 1800.0) -> None:
                 backend = "nccl" if torch.cuda.is_available() and "LOCAL_RANK" in os.environ \
                     else "gloo"
             if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+                bind_to_master()  # torchrun's nodes, as hipress run binds them
                 dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
             else:
                 dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{free_port()}",

@@ -19,11 +19,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from casync.transport import parse_rate
 
 __all__ = ["Host", "loopback", "shaped", "parse_rate", "free_port", "thread_share",
-           "interface_to"]
+           "interface_to", "bind_to_master"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def bind_to_master(env: Any = None) -> str | None:
+    """Before a process group starts: bind Gloo and NCCL to the interface that routes to
+    ``MASTER_ADDR`` (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) unless the user chose
+    one. By default they bind to the hostname's address, often loopback, and a job whose
+    nodes' hostnames resolve so (containers, some clusters) never connects. Returns the
+    interface set, or None."""
+    env = os.environ if env is None else env
+    master = env.get("MASTER_ADDR")
+    if not master or "GLOO_SOCKET_IFNAME" in env:
+        return None
+    ifname = interface_to(master)
+    if ifname is not None:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+        env.setdefault("NCCL_SOCKET_IFNAME", ifname)
+    return ifname
 
 
 def interface_to(addr: str) -> str | None:

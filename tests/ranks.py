@@ -275,8 +275,10 @@ def nonfinite(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     victim = args["victim"]
     found: dict[str, list[list[bool]]] = {}
     for algo in args["algos"]:
-        for topo in TOPOLOGIES:
-            planner = StaticPlanner(algo, topo, min_compress=1000, partition_bytes=64 << 10)
+        for topo in args.get("topologies", TOPOLOGIES):
+            # hierarchical: ps across nodes of LOCAL_WORLD_SIZE ranks
+            planner = StaticPlanner(algo, "ps" if topo == "hierarchical" else topo,
+                                    min_compress=1000, partition_bytes=64 << 10)
             sync = Synchronizer(algo, topo, planner=planner, chunk_elems=1 << 16, timeout=60)
             for kind, bad in (("nan", np.nan), ("+inf", np.inf), ("-inf", -np.inf)):
                 steps = []

@@ -279,11 +279,27 @@ hp.shutdown()
 """
 
 
+def _node_command(launcher: str, r: int, addrs: list[str], port: str,
+                  job: list[str]) -> list[str]:
+    """Node ``r``'s command as README and docs/benchmarks.md write it."""
+    if launcher == "hipress run":
+        return [sys.executable, "-m", "hipress", "run", "-np", "1", "--nnodes", "2",
+                "--node-rank", str(r), "--master-addr", addrs[0], "--master-port", port,
+                "--join-timeout", "60", *job]
+    # torchrun's c10d rendezvous, with the two options a node whose hostname does not
+    # name it needs (docs/benchmarks.md, "Cluster mode")
+    return [str(Path(sys.executable).parent / "torchrun"), "--nnodes", "2",
+            "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"{addrs[0]}:{port}", "--rdzv-id", "job", "--local-addr", addrs[r],
+            "--rdzv-conf", f"is_host={int(r == 0)}", *job]
+
+
 @pytest.mark.parallel
-def test_hipress_run_joins_two_nodes_on_the_interface_that_routes_to_node_0(tmp_path):
+@pytest.mark.parametrize("launcher", ["hipress run", "torchrun"])
+def test_two_nodes_join_on_the_interface_that_routes_to_node_0(tmp_path, launcher):
     """Two network namespaces as two nodes whose hostname resolves to loopback: as the
     README writes the command, without GLOO_SOCKET_IFNAME, each node's rank binds to its
-    route to node 0 and the job runs."""
+    route to node 0 (``hipress run``, or ``hp.init`` under torchrun) and the job runs."""
     import os
 
     from hipress.hosts import free_port, shaped
@@ -295,10 +311,9 @@ def test_hipress_run_joins_two_nodes_on_the_interface_that_routes_to_node_0(tmp_
     env["PYTHONPATH"] = str(ROOT)
     port = str(free_port())
     with shaped(2, "1gbit") as hosts:
-        procs = [subprocess.Popen([*h.prefix, sys.executable, "-m", "hipress", "run", "-np",
-                                   "1", "--nnodes", "2", "--node-rank", str(r),
-                                   "--master-addr", hosts[0].addr, "--master-port", port,
-                                   "--join-timeout", "60", str(script), str(tmp_path)],
+        addrs = [h.addr for h in hosts]
+        procs = [subprocess.Popen([*h.prefix, *_node_command(launcher, r, addrs, port,
+                                                             [str(script), str(tmp_path)])],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                   text=True, start_new_session=True)
                  for r, h in enumerate(hosts)]

@@ -90,6 +90,19 @@ def test_a_dead_rank_in_either_level_is_a_sync_error_on_every_survivor(tmp_path,
 
 
 @pytest.mark.parallel
+def test_a_nan_on_one_rank_reaches_its_tensor_on_every_rank_and_clears(tmp_path):
+    results = ranks.launch(4, "nonfinite", tmp_path,
+                           {"victim": 3, "algos": ["onebit", "dgc", "none"],
+                            "topologies": ["hierarchical"]}, env=_nodes(2))
+    _ok(results)
+    # step 0: tensors 0 (compressed across) and 2 (raw) held the value; step 1 is clean
+    want = [[True, False, True], [False, False, False]]
+    for r in results:
+        assert len(r["found"]) == 9
+        assert all(got == want for got in r["found"].values()), r["found"]
+
+
+@pytest.mark.parallel
 def test_a_ddp_job_resumes_its_hierarchical_state_bit_for_bit(tmp_path):
     ranks.resumed_bit_for_bit("torch_checkpoint", tmp_path,
                               {"algo": "onebit", "mode": "hook", "topology": "hierarchical"},
