@@ -14,7 +14,7 @@ from rich.table import Table
 from casync import Synchronizer
 from casync.costmodel import Cost, CostModel, Linear
 from casync.models import PROFILES, TIMINGS, layers
-from casync.planner import CostPlanner
+from casync.planner import choose_level
 from casync.profiler import measure
 from casync.simulate import Gradient, ready_times, simulate
 from casync.transport import Transport, parse_rate
@@ -58,13 +58,17 @@ def _profile_worker(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     transport = Transport()
     say = print if transport.rank == 0 else (lambda *_: None)
+    # a job of several nodes: the links inside and between them fitted apart
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cost = measure(transport, tuple(args.algorithms), steps=Synchronizer.time_steps, reps=args.reps,
-                   target=args.target,
+                   target=args.target, per_node=local if 1 < local < transport.size else 1,
                    say=lambda s: say(f"  {s}"))
     cost.meta["network"] = args.network
     if transport.rank == 0:
         cost.save(args.out)
-        make_console(100).print(fit_table(cost, f"cost profile: {cost.world} ranks on "
+        where = f"{cost.world} nodes x {cost.gpus} ranks" if cost.gpus > 1 \
+            else f"{cost.world} ranks"
+        make_console(100).print(fit_table(cost, f"cost profile: {where} on "
                                                  f"{cost.meta['host']}"))
         print(f"wrote {args.out}")
     dist.barrier()
@@ -80,6 +84,9 @@ def profile_main(argv: list[str]) -> int:
                     "ranks and fit t(x) = a + b*x. Under torchrun (RANK set) it profiles "
                     "that job's group; otherwise it starts --ranks local ranks.")
     parser.add_argument("--ranks", type=count(2), default=4, help="local ranks to start")
+    parser.add_argument("--ranks-per-node", type=count(1), default=1,
+                        help="with --network shaped: ranks sharing each node's namespace "
+                             "(the profile then fits the links inside and between nodes)")
     parser.add_argument("--algorithms", nargs="+", type=algorithm, default=["onebit", "dgc"])
     parser.add_argument("--network", choices=["loopback", "paced", "shaped"],
                         default="loopback", help="paced: software pacing at --bandwidth; "
@@ -97,7 +104,9 @@ def profile_main(argv: list[str]) -> int:
         argv += ["--out", str(args.out.resolve())]
     cmd = [sys.executable, "-m", "hipress", "profile", *argv]
     if args.network == "shaped":
-        return run_shaped(args.ranks, args.bandwidth, cmd)
+        return run_shaped(args.ranks, args.bandwidth, cmd, per_node=args.ranks_per_node)
+    if args.ranks_per_node != 1:
+        parser.error("--ranks-per-node needs --network shaped")
     return run(args.ranks, cmd, bandwidth=args.bandwidth if args.network == "paced" else None)
 
 
@@ -152,9 +161,8 @@ def plan_main(argv: list[str]) -> int:
     cost, nodes, backward = _costs(args)
     grads = ready_times(layers(args.model), backward / 1e3) if backward > 0 else \
         [Gradient(layer.name, layer.numel) for layer in layers(args.model)]
-    planner = CostPlanner(cost, tuple(args.algorithms))
-    planner.fit(grads, nodes)
-    planned = simulate(cost, nodes, grads, "casync", planner=planner)
+    # on nodes of several workers: flat or hierarchical, each with its whole-model plan
+    planner, planned = choose_level(cost, nodes, grads, tuple(args.algorithms))
     base = simulate(cost, nodes, grads, "allreduce")
 
     table = Table(title=f"{args.model} on {nodes} node(s) x {cost.gpus} worker(s), "
@@ -176,5 +184,6 @@ def plan_main(argv: list[str]) -> int:
                   f"(backward {backward:.0f} ms); uncompressed allreduce: "
                   f"{base.end * 1e3:.1f} ms; {share:.0%} of the elements compressed")
     others = ", ".join(f"{label} {t * 1e3:.1f} ms" for label, t in planner.predictions.items())
-    console.print(f"whole-model plan: {planner.choice} (candidates: {others})")
+    level = f"{planned.level} topology, " if planned.level else ""
+    console.print(f"whole-model plan: {level}{planner.choice} (candidates: {others})")
     return 0
