@@ -128,7 +128,8 @@ class Hierarchical:
         self.transport = Wire(group, self.rank, self.size,
                                [e.transport for e in (self.inner, self.flat) if e is not None])
         self.executor = self.inner.executor
-        self._flat_futures: list[Any] = []
+        self._flat_futures: list[Any] = []  # the step in progress's, from the flat engine
+        self._flat_waiting: list[Any] = []
         # -- the step in progress (the caller's thread)
         self.step = 0
         self.names: set[str] = set()
@@ -309,6 +310,8 @@ class Hierarchical:
         self._reduce.put(_END)
         if self._flat_futures:  # every rank routed alike: the flat engine has a step too
             self.flat.end_step()
+        # what synchronize() waits for: this step's (a DDP hook waits on its own futures)
+        self._flat_waiting, self._flat_futures = self._flat_futures, []
         self.names.clear()
         self.step += 1
 
@@ -322,7 +325,7 @@ class Hierarchical:
         self._settle()
 
     def _settle(self) -> None:
-        futures, self._flat_futures = self._flat_futures, []
+        futures, self._flat_waiting = self._flat_waiting, []
         for future in futures:
             try:
                 future.wait()

@@ -514,6 +514,15 @@ def auto_levels(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
     sync = Synchronizer(args["algo"], plan="auto", timeout=120)
+    measured: Any = getattr(sync, "chooser", None)
+    if args.get("split") and measured is not None:  # both ways in one step, by size
+        class Split:
+            cost = measured.cost
+
+            def hierarchical(self, n: int) -> bool:
+                return n > args["split"]
+
+        sync.chooser = Split()
     results = []
     for step in range(2):
         tensors = [_torch_tensor(data(rank, i, n, step), "float32", True)

@@ -111,16 +111,23 @@ def test_a_ddp_job_resumes_its_hierarchical_state_bit_for_bit(tmp_path):
 
 @pytest.mark.parallel
 def test_auto_plan_on_nodes_profiles_both_links_and_routes_alike(tmp_path):
-    results = ranks.launch(4, "auto_levels", tmp_path, {"algo": "onebit"},
-                           env={**_nodes(2), "HIPRESS_CACHE_DIR": str(tmp_path / "cache")},
-                           timeout=600)
-    _ok(results)
-    first = results[0]
-    assert first["engine"] == "Hierarchical" and first["gpus"] == 2 and first["intra"] > 0
-    for r in results:  # one profile, one routing, the same bits
-        assert (r["digest"], r["levels"]) == (first["digest"], first["levels"])
-        assert r["arrays"]["results"].tobytes() == first["arrays"]["results"].tobytes()
-    assert np.isfinite(first["arrays"]["results"]).all()
+    cache = {"HIPRESS_CACHE_DIR": str(tmp_path / "cache")}
+    results = ranks.launch(4, "auto_levels", tmp_path / "measured", {"algo": "onebit"},
+                           env={**_nodes(2), **cache}, timeout=600)
+    # the profile cached, each step's tensors split between the two engines by size
+    split = ranks.launch(4, "auto_levels", tmp_path / "split",
+                         {"algo": "onebit", "split": 10_000}, env={**_nodes(2), **cache},
+                         timeout=600)
+    for run in (results, split):
+        _ok(run)
+        first = run[0]
+        assert first["engine"] == "Hierarchical" and first["gpus"] == 2 and first["intra"] > 0
+        for r in run:  # one profile, one routing, the same bits
+            assert (r["digest"], r["levels"]) == (first["digest"], first["levels"])
+            assert r["arrays"]["results"].tobytes() == first["arrays"]["results"].tobytes()
+        assert np.isfinite(first["arrays"]["results"]).all()
+    assert split[0]["digest"] == results[0]["digest"]
+    assert split[0]["levels"] == [n > 10_000 for n in split[0]["sizes"]]
 
 
 def test_the_level_chooser_follows_the_links():
