@@ -98,7 +98,13 @@ class Hierarchical:
             if isinstance(pack_elems, bool) or not isinstance(pack_elems, int) \
                     or pack_elems < 1:
                 raise ConfigError(f"pack_elems must be an integer >= 1, not {pack_elems!r}")
-            seconds = default_timeout() if timeout is None else float(timeout)
+            if levels not in (HIERARCHICAL, "auto"):
+                raise ConfigError(f"levels must be {HIERARCHICAL!r} or 'auto', not {levels!r}")
+            seconds = default_timeout() if timeout is None else timeout
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                    or not 0 < seconds < float("inf"):
+                raise ConfigError(f"timeout must be a positive number of seconds, not "
+                                  f"{timeout!r}")
             self.rank = dist.get_rank(group)
             self.size = dist.get_world_size(group)
             self.layout = Layout.of(self.rank, self.size, ranks_per_node)

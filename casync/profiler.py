@@ -335,17 +335,9 @@ def _level_costs(transport: Transport, costs: dict[str, Linear], per_node: int,
         made = dist.new_group(members[first:first + per_node], backend="gloo")
         if first == node * per_node:
             group = made
-    right = ((node + 1) * per_node + local) % size
-    left = ((node - 1) * per_node + local) % size
-    send_buf = np.zeros(max(message_bytes), np.uint8)
-    recv_buf = np.empty_like(send_buf)
-
-    def send(nbytes: int) -> None:
-        handles = [transport.isend(send_buf[:nbytes], right, 2),
-                   transport.irecv(nbytes, left, 2, recv_buf[:nbytes])]
-        for handle in handles:
-            transport.wait(handle, 600)
-
+    # to the same local rank on the next node, from the one on the previous
+    send = _hop(transport, ((node + 1) * per_node + local) % size,
+                ((node - 1) * per_node + local) % size, 2, max(message_bytes))
     across = _sweep(transport, message_bytes, reps, send)
     # The node's ranks sent at once: its link moved per_node messages in that time.
     costs[Cost.SEND.key()] = Linear(across.a, across.b / per_node, across.r2, across.floor,
@@ -365,22 +357,30 @@ def _level_costs(transport: Transport, costs: dict[str, Linear], per_node: int,
     say(f"intra-node level (reduce-scatter or all-gather): {costs[Cost.INTRA.key()]}")
 
 
+def _hop(transport: Transport, right: int, left: int, tag: int,
+         largest: int) -> Callable[[int], None]:
+    """A timed message: send ``nbytes`` to ``right`` while receiving as many from
+    ``left`` (every rank at once, so a link carries a message each way)."""
+    send_buf = np.zeros(largest, np.uint8)
+    recv_buf = np.empty_like(send_buf)
+
+    def send(nbytes: int) -> None:
+        handles = [transport.isend(send_buf[:nbytes], right, tag),
+                   transport.irecv(nbytes, left, tag, recv_buf[:nbytes])]
+        for handle in handles:
+            transport.wait(handle, 600)
+
+    return send
+
+
 def _wire_costs(transport: Transport, costs: dict[str, Linear], x: _Cold, acc: _Cold,
                 elements: tuple[int, ...], message_bytes: tuple[int, ...], reps: int,
                 say: Callable[[str], Any]) -> float:
     """Fit the messages' costs into ``costs`` (a ring hop's send, the naive baseline's
     exchange, the allreduce); returns how much of a send's time the cores stay free."""
-    right = (transport.rank + 1) % transport.size
-    left = (transport.rank - 1) % transport.size
-    send_buf = np.zeros(max(message_bytes), np.uint8)
-    recv_buf = np.empty_like(send_buf)
-
-    def send(nbytes: int) -> None:
-        # Every rank sends to its right and receives from its left, as a ring hop.
-        handles = [transport.isend(send_buf[:nbytes], right, 1),
-                   transport.irecv(nbytes, left, 1, recv_buf[:nbytes])]
-        for handle in handles:
-            transport.wait(handle, 600)
+    # Every rank sends to its right and receives from its left, as a ring hop.
+    send = _hop(transport, (transport.rank + 1) % transport.size,
+                (transport.rank - 1) % transport.size, 1, max(message_bytes))
 
     def allreduce(n: int) -> None:
         transport.wait(transport.allreduce(acc(n)), 600)

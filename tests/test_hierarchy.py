@@ -35,6 +35,18 @@ def test_a_layout_numbers_ranks_node_by_node(monkeypatch):
         Layout.of(0, 4)
 
 
+@pytest.mark.parametrize("bad,field", [({"across": "star"}, "across"),
+                                       ({"intra_dtype": "int8"}, "intra_dtype"),
+                                       ({"pack_elems": 0}, "pack_elems"),
+                                       ({"levels": "flat"}, "levels"),
+                                       ({"timeout": -1}, "timeout")])
+def test_bad_settings_fail_construction_naming_them(bad, field):
+    from casync import Synchronizer
+
+    with pytest.raises(ConfigError, match=field):
+        Synchronizer("onebit", "hierarchical", ranks_per_node=2, **bad)
+
+
 @pytest.mark.parallel
 @pytest.mark.parametrize("world,per_node,dtype", [(4, 2, "float32"), (6, 2, "float32"),
                                                   (4, 2, "bfloat16")])
