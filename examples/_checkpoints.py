@@ -13,7 +13,7 @@ import torch
 
 from hipress.distributed import allgather_object
 
-__all__ = ["save", "newest"]
+__all__ = ["save", "newest", "save_training", "resume"]
 
 
 def save(folder: Path, rank: int, step: int, state: dict[str, Any], keep: int = 2) -> None:
@@ -35,3 +35,24 @@ def newest(folder: Path, rank: int) -> tuple[int, dict[str, Any] | None]:
         return 0, None
     step = max(everyone)
     return step, torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=False)
+
+
+def save_training(folder: Path, rank: int, step: int, model: Any, opt: Any,
+                  engine: Any) -> None:
+    """This rank's model (or shards), optimizer and HiPress state (``engine``: a DDP hook's
+    or FSDP's state; None where the optimizer's state_dict holds it) after ``step``."""
+    save(folder, rank, step, {"step": step, "model": model.state_dict(),
+                              "opt": opt.state_dict(),
+                              "hipress": engine.state_dict() if engine is not None else None})
+
+
+def resume(folder: Path, rank: int, model: Any, opt: Any, engine: Any) -> int:
+    """Load what ``save_training`` saved at the newest step every rank saved; the step to
+    continue from, 0 without checkpoints."""
+    step, saved = newest(folder, rank)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        if engine is not None and saved["hipress"] is not None:
+            engine.load_state_dict(saved["hipress"])
+    return step

@@ -68,26 +68,6 @@ def shard(model: GPT, args: argparse.Namespace) -> Any:
                             min_compress=args.min_compress, **params)
 
 
-def save(folder: Path, rank: int, step: int, model: nn.Module, opt: torch.optim.Optimizer,
-         state: Any) -> None:
-    """This rank's shards, optimizer state and HiPress state after ``step`` steps."""
-    checkpoints.save(folder, rank, step, {
-        "model": model.state_dict(), "opt": opt.state_dict(),
-        "hipress": state.state_dict() if state is not None else None})
-
-
-def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
-           state: Any) -> int:
-    """Load the newest step every rank saved; the step to continue from (0: none)."""
-    step, saved = checkpoints.newest(folder, rank)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        if state is not None and saved["hipress"] is not None:
-            state.load_state_dict(saved["hipress"])
-    return step
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,7 +97,7 @@ def main() -> None:
     state = shard(model, args)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = MarkovTokens()
-    start = resume(args.checkpoint, rank, model, opt, state) if args.checkpoint else 0
+    start = checkpoints.resume(args.checkpoint, rank, model, opt, state) if args.checkpoint else 0
     losses, times = [], []
     for step in range(start, args.steps):
         t0 = time.perf_counter()
@@ -131,7 +111,7 @@ def main() -> None:
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
         if args.checkpoint and (step + 1) % args.checkpoint_every == 0:
-            save(args.checkpoint, rank, step + 1, model, opt, state)
+            checkpoints.save_training(args.checkpoint, rank, step + 1, model, opt, state)
     timed = times[args.warmup:] or times
     rate = world * args.batch / float(np.mean(timed)) if timed else 0.0
     # every rank's full model must be the same: compare digests

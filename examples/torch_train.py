@@ -43,7 +43,6 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import _checkpoints as checkpoints
 import numpy as np
@@ -180,28 +179,6 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     return ddp, opt, None
 
 
-def save_checkpoint(folder: Path, rank: int, step: int, model: nn.Module,
-                    opt: torch.optim.Optimizer, hook: Any) -> None:
-    """This rank's state after ``step`` steps (``_checkpoints.save``)."""
-    # A DistributedOptimizer's state_dict() holds HiPress's state; a DDP hook's is apart.
-    checkpoints.save(folder, rank, step, {
-        "step": step, "model": model.state_dict(), "opt": opt.state_dict(),
-        "hook": hook.state_dict() if hook is not None else None})
-
-
-def resume(folder: Path, rank: int, model: nn.Module, opt: torch.optim.Optimizer,
-           hook: Any) -> int:
-    """Load the newest step that every rank saved; the step to continue from, 0 without
-    checkpoints."""
-    step, saved = checkpoints.newest(folder, rank)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["opt"])
-        if hook is not None and saved["hook"] is not None:
-            hook.load_state_dict(saved["hook"])
-    return step
-
-
 def _medians(rows: list[dict[str, float]]) -> dict[str, float]:
     """Each field's median over the steps."""
     return {key: float(np.median([r[key] for r in rows if key in r]))
@@ -309,7 +286,7 @@ def main() -> None:
     model, opt, reporter = wrap(make_model(args.width, args.model).to(device), args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
     hook = reporter if isinstance(reporter, hp.HookState) else None
-    first = resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
+    first = checkpoints.resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
     if first and rank == 0:
         print(f"resumed from step {first} ({args.checkpoint})", flush=True)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -347,7 +324,8 @@ def main() -> None:
             losses.append((time.perf_counter() - start, loss.item()))
             progress.update(task, advance=1, loss=losses[-1][1])
             if args.checkpoint and step % args.checkpoint_every == 0:
-                save_checkpoint(args.checkpoint, rank, step, model, opt, hook)
+                # a DistributedOptimizer's state_dict() holds HiPress's state; a hook's is apart
+                checkpoints.save_training(args.checkpoint, rank, step, model, opt, hook)
             if step == args.fail_at and rank == world - 1 and attempt == 0:
                 print(f"rank {rank} fails after step {step} (--fail-at)", flush=True)
                 sys.stdout.flush()
