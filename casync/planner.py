@@ -232,7 +232,7 @@ def choose_level(cost: CostModel, nodes: int, grads: Sequence[Any],
     options: list[tuple[str, CostModel, int]] = [("hierarchical", cost, nodes)]
     if cost.gpus > 1:
         flat = cost.flat()
-        options.append(("flat", flat, flat.world if flat.world > 1 else nodes * cost.gpus))
+        options.append(("flat", flat, flat.world))
     best: tuple[CostPlanner, Result] | None = None
     for level, model, world in options:
         # a flat job's K stops at the node count: more pieces only add messages there
