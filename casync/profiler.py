@@ -23,6 +23,7 @@ import numpy as np
 
 from compll import codec as make_codec
 from compll.build import cache_dir
+from compll.parallelism import threads
 from hipress._version import __version__
 
 from . import primitives as P
@@ -311,7 +312,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
     if nodes:
         _level_costs(transport, costs, per_node, elements, message_bytes, reps, say)
     meta = {"host": platform.node(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "threads": os.environ.get("HIPRESS_THREADS"),
+            "cpus": os.cpu_count(), "threads": str(threads()),
             "bandwidth": os.environ.get("HIPRESS_BANDWIDTH"), "target": target,
             "hipress": __version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "elements": list(elements), "message_bytes": list(message_bytes), "reps": reps}
@@ -408,7 +409,7 @@ def _cache_path(transport: Transport, algorithms: tuple[str, ...], target: str,
                 per_node: int) -> Path:
     key = json.dumps([PROFILE_FORMAT, platform.node(), transport.size, sorted(algorithms), target,
                       __version__, os.environ.get("HIPRESS_BANDWIDTH"),
-                      os.environ.get("HIPRESS_THREADS"), per_node])
+                      threads().count, per_node])
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 

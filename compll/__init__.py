@@ -9,6 +9,7 @@ output. Nothing here imports the engine (``casync``) or the facade (``hipress``)
 
 from .codec import MAX_ELEMENTS, TARGETS, Codec, codec
 from .compiler import algorithm_path, algorithms, load, load_source
+from .parallelism import threads
 
 __all__ = ["Codec", "codec", "algorithms", "algorithm_path", "load", "load_source",
-           "MAX_ELEMENTS", "TARGETS"]
+           "MAX_ELEMENTS", "TARGETS", "threads"]

@@ -35,7 +35,7 @@ _TEMPLATES = Path(__file__).parent / "templates"
 #: No -ffast-math and no FMA contraction: kernels must round exactly like the interpreter.
 #: -fno-trapping-math only lets GCC evaluate both sides of a select (no FP traps are ever
 #: enabled), which is what turns selects into vector blends; no result changes.
-CPU_FLAGS = ("-std=c++17", "-O3", "-fopenmp", "-fPIC", "-ffp-contract=off",
+CPU_FLAGS = ("-std=c++17", "-O3", "-pthread", "-fPIC", "-ffp-contract=off",
              "-fno-math-errno", "-fno-trapping-math", "-march=native", "-w")
 #: The CPU source compiles as two objects at once (encoder, decoder), then links.
 CPU_PARTS = ("-DHP_PART=1", "-DHP_PART=2")
@@ -162,7 +162,7 @@ def _host_signature() -> str:
 
 
 def _runtime_text(target: str) -> str:
-    runtime = (["cpu_runtime.h", "cpu_blocks.h"] if target == "cpu"
+    runtime = (["cpu_runtime.h", "cpu_blocks.h", "cpu_pool.h"] if target == "cpu"
                else ["cuda_runtime.cuh", "cuda_blocks.cuh"])
     if target == "cuda-emu":
         runtime.append("emu/cuda_runtime.h")
@@ -179,7 +179,7 @@ def _steps(target: str, compiler: str, source: Path, library: Path,
         objects = [library.with_suffix(f".{k}.o") for k in range(len(CPU_PARTS))]
         compile_step = [[compiler, *CPU_FLAGS, part, *include, "-c", str(source), "-o", str(obj)]
                         for part, obj in zip(CPU_PARTS, objects, strict=True)]
-        link = [compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(library)]
+        link = [compiler, "-shared", "-pthread", *map(str, objects), "-o", str(library)]
         return [compile_step, [link]]
     if target == "cuda-emu":
         # the emulator's header comes first, standing in for <cuda_runtime.h>

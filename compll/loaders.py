@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +38,7 @@ import numpy as np
 
 from hipress.errors import ConfigError, HiPressError, PayloadError
 
-from . import ir
+from . import ir, parallelism
 from .build import Artifact, build
 from .constants import FEEDBACK, SCALE_SUM
 from .ir import LengthKind, TypeKind
@@ -209,18 +208,28 @@ class Kernel:
 
 
 class CpuKernel(Kernel):
-    """A C++/OpenMP library called on host memory."""
+    """A C++ library called on host memory, on as many threads as ``compll.parallelism``
+    chooses at each call (the framework's setting may change between calls)."""
 
     target = "cpu"
 
     def __init__(self, program: ir.Program, artifact: Artifact) -> None:
         super().__init__(program, artifact)
-        threads = os.environ.get("HIPRESS_THREADS")
-        if threads:
-            self.lib.hp_set_threads(int(threads))
+        self.lib.hp_set_threads.argtypes = [ctypes.c_int]
+        self.lib.hp_threads.restype = ctypes.c_int
+        self.lib.hp_pool_workers.restype = ctypes.c_int
+
+    def team(self) -> int:
+        """Set the thread count of the next call; returns it. Set at every call: the
+        libraries share one pool and one setting (their runtime's statics are unique in
+        the process), so another algorithm's call may have changed it."""
+        wanted = parallelism.count()
+        self.lib.hp_set_threads(wanted)
+        return wanted
 
     def encode(self, x: np.ndarray, seed: int, step: int, into: np.ndarray | None = None,
                residual: np.ndarray | None = None) -> np.ndarray:
+        self.team()
         def alloc(size: int) -> tuple[np.ndarray, int]:
             nonlocal into
             if into is not None and into.size >= size:
@@ -234,18 +243,22 @@ class CpuKernel(Kernel):
 
     def decode(self, payload: np.ndarray, n: int, out: np.ndarray, accumulate: bool,
                scale: float = 1.0, feedback: bool = False) -> None:
+        self.team()
         self.run_decode(payload.ctypes.data, payload.size, n, out.ctypes.data, accumulate,
                         scale, feedback)
 
     def encode_batch(self, items: np.ndarray, seed: int, buf: np.ndarray) -> int:
+        self.team()
         return self.run_encode_batch(items, seed, True)
 
     def decode_batch(self, items: np.ndarray, accumulate: int, scale: float,
                      feedback: bool) -> None:
+        self.team()
         self.run_decode_batch(items, accumulate, scale, feedback, True)
 
     def merge_encode_batch(self, items: np.ndarray, seed: int, msg: np.ndarray,
                            buf: np.ndarray) -> int:
+        self.team()
         return self.run_merge_encode_batch(items, seed, msg.ctypes.data, msg.size)
 
 
@@ -322,6 +335,12 @@ class EmuKernel(CpuKernel):
     called on NumPy arrays and CPU tensors exactly as the CPU target is."""
 
     target = "cuda-emu"
+
+    def __init__(self, program: ir.Program, artifact: Artifact) -> None:
+        Kernel.__init__(self, program, artifact)
+
+    def team(self) -> int:
+        return 1  # the emulator schedules its simulated threads on the caller
 
 
 def load_kernel(program: ir.Program, target: str) -> Kernel | RefKernel:

@@ -6,8 +6,8 @@ functions made, one method per item and per loop op, on top of the expression re
 value, so elementwise chains fuse) or a *buffer* (the result of a barrier operator); a
 ``Pass`` becomes one ``hp::fused`` loop. The targets differ only in class attributes
 (lambda qualifier, rounding builtin, template, the schedule's ``Options``) and in the
-runtime each header implements: the same ``hp::`` calls run as OpenMP loops on the CPU
-and as kernels on the GPU.
+runtime each header implements: the same ``hp::`` calls run as loops on a thread pool on
+the CPU and as kernels on the GPU.
 
 DSL names never reach the output as written: locals are ``v_NAME``, arrays ``a_NAME``,
 lambda parameters ``l_NAME`` (names are ``[A-Za-z_][A-Za-z0-9_]*`` by the grammar, so
@@ -351,7 +351,7 @@ def _results(op: sch.LoopOp) -> list[tuple[str, str]]:
 
 
 class CpuRenderer(CRenderer):
-    """C++17 with OpenMP. Element lambdas capture by value, so the optimiser keeps
+    """C++17 on the runtime's thread pool. Element lambdas capture by value, so the optimiser keeps
     scalars in registers instead of reloading them after every store."""
 
     target = "cpu"

@@ -16,17 +16,18 @@ from ._version import __version__
 from .errors import CompileError, ConfigError, HiPressError, PayloadError, SyncError
 
 __all__ = [
-    "Codec", "algorithms", "codec",
+    "Codec", "algorithms", "codec", "threads",
     "HiPressError", "CompileError", "ConfigError", "PayloadError", "SyncError",
     "__version__",
 ]
 
-_FROM_COMPLL = ("Codec", "algorithms", "codec")
+_FROM_COMPLL = ("Codec", "algorithms", "codec", "threads")
 
 
 def __getattr__(name: str) -> Any:
-    """``codec``, ``algorithms`` and ``Codec``, from the compiler on first use (PEP 562):
-    a script that only needs the errors or the plugins' core does not build it."""
+    """``codec``, ``algorithms``, ``Codec`` and ``threads`` (the CPU kernels' thread count
+    and why, ``compll.parallelism``), from the compiler on first use (PEP 562): a script
+    that only needs the errors or the plugins' core does not build it."""
     if name in _FROM_COMPLL:
         import compll
 

@@ -24,7 +24,7 @@ __all__ = ["run_roundtrip_demo", "run_training_demo"]
 def run_roundtrip_demo(size: int, seed: int) -> int:
     """Encode and decode a synthetic gradient with every algorithm; print a table.
 
-    Every figure is measured in this run, with the compiled C++/OpenMP kernels (built on
+    Every figure is measured in this run, with the compiled C++ kernels (built on
     first use and cached) and, for comparison, the NumPy reference interpreter that they
     match bit for bit.
     """

@@ -77,8 +77,9 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
     did not (``SyncError``).
 
     Sets ``HIPRESS_ALGORITHM``, ``HIPRESS_BANDWIDTH`` (software-paced uplink per rank)
-    and ``HIPRESS_TIMEOUT`` when given, and gives each rank an even share of the
-    node's cores for kernels (``HIPRESS_THREADS``) unless already set. On several nodes
+    and ``HIPRESS_TIMEOUT`` when given, and gives each rank's framework an even share of
+    the node's cores (``OMP_NUM_THREADS``, as torchrun sets 1) unless already set; the
+    kernels follow the framework (``compll.parallelism``). On several nodes
     it binds Gloo and NCCL to the interface that routes to ``master_addr``
     (``GLOO_SOCKET_IFNAME``, ``NCCL_SOCKET_IFNAME``) unless the user chose one: by
     default they bind to the hostname's address, which is often loopback.
@@ -93,9 +94,7 @@ def run(nproc: int, command: Sequence[str], nnodes: int = 1, node_rank: int = 0,
         env["HIPRESS_BANDWIDTH"] = bandwidth
     if timeout is not None:
         env["HIPRESS_TIMEOUT"] = str(timeout)
-    share = thread_share(nproc)
-    env.setdefault("HIPRESS_THREADS", str(share))
-    env.setdefault("OMP_NUM_THREADS", str(share))
+    env.setdefault("OMP_NUM_THREADS", str(thread_share(nproc)))
     if max_restarts:
         # torchrun's agent shares one store between all its rendezvous rounds, so a
         # restarted rank can read the dead attempt's Gloo addresses and fail to connect;
@@ -194,8 +193,10 @@ def run_on_hosts(hosts: Sequence[Host], command: Sequence[str],
     """Start ``command`` once per host as the ranks of one job and wait for them all.
 
     Each process gets the environment torchrun gives a worker (``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``, ``MASTER_ADDR``...; hosts with the same address are one node), its
-    interface for Gloo and its share of this machine's cores. No agents: the test hosts
+    ``LOCAL_RANK``, ``MASTER_ADDR``...; hosts with the same address are one node) and its
+    interface for Gloo, and nothing else: no thread variables, as a job launched one
+    process per host has none (a script that shares cores says so itself, with
+    ``torch.set_num_threads``). No agents: the test hosts
     share one machine, and torchrun's per-node agents raced each other at exit. As
     torchrun does, when one rank fails the others are stopped (SIGTERM, then SIGKILL
     after ``grace`` seconds). Returns the exit codes in rank order.
@@ -203,7 +204,6 @@ def run_on_hosts(hosts: Sequence[Host], command: Sequence[str],
     import signal
     import time
 
-    share = str(thread_share(len(hosts)))
     port = str(free_port())
     base = dict(os.environ if env is None else env)
     procs = []
@@ -214,10 +214,7 @@ def run_on_hosts(hosts: Sequence[Host], command: Sequence[str],
             worker_env = dict(base, RANK=str(rank), WORLD_SIZE=str(len(hosts)),
                               LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(len(node)),
                               MASTER_ADDR=hosts[0].addr, MASTER_PORT=port,
-                              GLOO_SOCKET_IFNAME=host.ifname,
-                              # the hosts share this machine's cores: split them, or the
-                              # thread pools of torch and the kernels oversubscribe it
-                              HIPRESS_THREADS=share, OMP_NUM_THREADS=share)
+                              GLOO_SOCKET_IFNAME=host.ifname)
             procs.append(subprocess.Popen([*host.prefix, *command], env=worker_env))
         stop_at = None
         while None in (codes := [p.poll() for p in procs]):

@@ -1,4 +1,4 @@
-"""Generated C++/OpenMP kernels: bit-for-bit equal to the reference interpreter."""
+"""Generated C++ kernels: bit-for-bit equal to the reference interpreter."""
 
 import os
 import subprocess

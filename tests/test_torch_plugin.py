@@ -280,7 +280,7 @@ def test_one_rank_with_an_invalid_setting_fails_every_rank_with_its_message(tmp_
     assert "rank 1's settings are invalid" in results[0]["error"]
 
 
-#: kernel threads as a user's job has them: the abort needed a lane's OpenMP team alive
+#: kernel threads as a user's job may have them: the abort needed a lane's kernel threads alive
 EXIT_ENV = {"HIPRESS_THREADS": "2", "OMP_NUM_THREADS": "2"}
 EXITS = [("hook", "destroy", "dist")] * 3 + [("optimizer", "destroy", "dist")] * 2 + [
     ("hook", "shutdown", "hp"), ("hook", "both", "hp"), ("hook", "reversed", "dist"),

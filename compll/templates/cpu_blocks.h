@@ -19,8 +19,8 @@ inline uint64_t per_block(uint64_t len, uint64_t b) {
 template <class T, class F>
 buffer<T> materialize(uint64_t len, F f) {
   buffer<T> out((size_t)len);
-#pragma omp parallel for schedule(static) if (len > GRAIN)
-  for (int64_t i = 0; i < (int64_t)len; ++i) out[(size_t)i] = (T)f((uint64_t)i);
+  parallel_for((int64_t)len, [&](int64_t i) { out[(size_t)i] = (T)f((uint64_t)i); },
+               len > GRAIN);
   return out;
 }
 
@@ -31,22 +31,20 @@ template <class Seg, class Fold>
 inline void each_block(uint64_t len, uint64_t b, Seg seg, Fold fold) {
   const uint64_t count = blocks(len, b), size = b ? b : len, per = per_block(len, b);
   if (per == 1) {  // a block is one segment: no index arithmetic per segment
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < (int64_t)count; ++k) {
+    parallel_for((int64_t)count, [&](int64_t k) {
       const uint64_t lo = (uint64_t)k * size;
       seg((uint64_t)k, 0, lo, std::min(len, lo + size));
-    }
+    });
   } else {
-#pragma omp parallel for schedule(static)
-    for (int64_t s = 0; s < (int64_t)(count * per); ++s) {
+    parallel_for((int64_t)(count * per), [&](int64_t s) {
       const uint64_t k = (uint64_t)s / per, c = (uint64_t)s % per;
       const uint64_t start = k * size, end = std::min(len, start + size);
       const uint64_t lo = std::min(end, start + c * SUM_CHUNK);
       seg(k, c, lo, std::min(end, lo + SUM_CHUNK));
-    }
+    });
   }
-#pragma omp parallel for schedule(static) if (count > GRAIN / 64)
-  for (int64_t k = 0; k < (int64_t)count; ++k) fold((uint64_t)k, per);
+  parallel_for((int64_t)count, [&](int64_t k) { fold((uint64_t)k, per); },
+               count > GRAIN / 64);
 }
 
 template <class F>

@@ -1,8 +1,6 @@
-// OpenMP building blocks for CompLL's C++ target. Element values come from lazily
+// Building blocks for CompLL's C++ target, run on the threads of cpu_pool.h. Element values come from lazily
 // evaluated lambdas `f(i)`, so elementwise chains fuse into the loops below.
 #pragma once
-
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -19,6 +17,7 @@
 #include "hp_constants.h"
 #include "common.h"
 #include "host.h"
+#include "cpu_pool.h"
 
 static_assert(sizeof(float) == 4 && sizeof(double) == 8, "IEEE floats expected");
 
@@ -139,12 +138,11 @@ void fused_pro(uint64_t len, Pro pro, Unpacks u, Ops&&... ops) {
   const int64_t chunks = (int64_t)((len + SUM_CHUNK - 1) / SUM_CHUNK);
   (ops.start(len, chunks), ...);
   const uint64_t bs = u.xcount > 0 ? u.xblock[0] : 0;
-#pragma omp parallel
-  {
+  parallel((int)std::min<int64_t>(team_size(), chunks), [&](int t, int nt) {
     alignas(64) uint8_t staged[MAX_STAGED][SUM_CHUNK];
     std::vector<float> expanded((size_t)u.xcount * SUM_CHUNK);
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c) {
+    const auto [first, last] = static_range(chunks, t, nt);
+    for (int64_t c = first; c < last; ++c) {
       const uint64_t lo = (uint64_t)c * SUM_CHUNK;
       const uint64_t hi = std::min(len, lo + SUM_CHUNK);
       pro(lo, hi);
@@ -172,7 +170,7 @@ void fused_pro(uint64_t len, Pro pro, Unpacks u, Ops&&... ops) {
       }
       (ops.chunk(lo, hi, c, st), ...);
     }
-  }
+  });
   (ops.finish(), ...);
 }
 
@@ -696,12 +694,11 @@ struct Settle {
 // chunk settled first.
 inline void add_into(float* r, const float* g, uint64_t n, const Settle& settle = Settle{}) {
   const int64_t chunks = (int64_t)((n + SUM_CHUNK - 1) / SUM_CHUNK);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  parallel_for(chunks, [&](int64_t c) {
     const uint64_t lo = (uint64_t)c * SUM_CHUNK, hi = std::min(n, lo + SUM_CHUNK);
     settle(lo, hi);
     for (uint32_t i = (uint32_t)lo; i < (uint32_t)hi; ++i) r[i] = r[i] + g[i];
-  }
+  });
 }
 
 // ---- the encoder's first read of g, and the non-finite flag -------------------------------
@@ -755,11 +752,10 @@ inline void take_input(float* r, const float* g, uint64_t n, uint32_t* flag, boo
                        const Settle& settle = Settle{}) {
   if (!r && !checks) return;
   const int64_t chunks = (int64_t)((n + SUM_CHUNK - 1) / SUM_CHUNK);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
+  parallel_for(chunks, [&](int64_t c) {
     const uint64_t lo = (uint64_t)c * SUM_CHUNK;
     take_chunk(r, g, flag, settle, lo, std::min(n, lo + SUM_CHUNK));
-  }
+  });
 }
 
 // The take as the first op of the encoder's first pass over its input: each chunk is
@@ -809,8 +805,7 @@ inline void mark_nonfinite(uint8_t* out, const Flag& f) {
 // sum with NaN is not finite, and error feedback drops what is not.
 inline int poison(float* out, uint64_t n, int feedback) {
   const float v = feedback ? 0.0f : HP_NAN;
-#pragma omp parallel for schedule(static) if (n >= BATCH_SMALL)
-  for (int64_t i = 0; i < (int64_t)n; ++i) out[i] = v;
+  parallel_for((int64_t)n, [&](int64_t i) { out[i] = v; }, n >= BATCH_SMALL);
   return 0;
 }
 
@@ -911,37 +906,34 @@ void filter(uint64_t len, V val, P pred, std::vector<uint32_t>* idx, std::vector
             const float* watch = nullptr, uint32_t* flag = nullptr) {
   const int64_t blocks = (int64_t)((len + GRAIN - 1) / GRAIN);
   std::vector<std::vector<uint32_t>> bidx((size_t)blocks);
-#pragma omp parallel
-  {
+  parallel((int)std::min<int64_t>(team_size(), blocks), [&](int t, int nt) {
     std::vector<uint32_t> scratch((size_t)GRAIN);
-#pragma omp for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
+    const auto [first, last] = static_range(blocks, t, nt);
+    for (int64_t b = first; b < last; ++b) {
       const uint64_t lo = (uint64_t)b * GRAIN, hi = std::min(len, lo + GRAIN);
       uint32_t* sc = scratch.data();
       const uint64_t cnt = watch ? filter_block<true>(lo, hi, pred, sc, watch, flag)
                                  : filter_block<false>(lo, hi, pred, sc, watch, flag);
       bidx[(size_t)b].assign(sc, sc + cnt);
     }
-  }
+  });
   std::vector<uint64_t> start((size_t)blocks + 1, 0);
   for (int64_t b = 0; b < blocks; ++b) start[(size_t)b + 1] = start[(size_t)b] + bidx[(size_t)b].size();
   if (idx) idx->resize((size_t)start[(size_t)blocks]);
   out->resize((size_t)start[(size_t)blocks]);
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
+  parallel_for(blocks, [&](int64_t b) {
     const std::vector<uint32_t>& bi = bidx[(size_t)b];
     const size_t at = (size_t)start[(size_t)b];
     if (idx && !bi.empty()) std::memcpy(idx->data() + at, bi.data(), bi.size() * sizeof(uint32_t));
     T* o = out->data() + at;
     for (size_t j = 0; j < bi.size(); ++j) o[j] = val(bi[j]);
-  }
+  });
 }
 
 template <class K>
 std::vector<double> keys_of(uint64_t len, K key) {
   std::vector<double> k((size_t)len);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < (int64_t)len; ++i) k[(size_t)i] = (double)key((uint64_t)i);
+  parallel_for((int64_t)len, [&](int64_t i) { k[(size_t)i] = (double)key((uint64_t)i); });
   return k;
 }
 
@@ -998,8 +990,8 @@ void topk(uint64_t len, int64_t kk, V val, K key, std::vector<uint32_t>* idx,
     std::iota(cand.begin(), cand.end(), 0u);
   }
   std::vector<double> ck(cand.size());
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < (int64_t)cand.size(); ++j) ck[(size_t)j] = (double)key(cand[(size_t)j]);
+  parallel_for((int64_t)cand.size(),
+               [&](int64_t j) { ck[(size_t)j] = (double)key(cand[(size_t)j]); });
   std::vector<uint32_t> chosen = select_top(cand, ck, k);
   out->resize(chosen.size());
   for (size_t j = 0; j < chosen.size(); ++j) (*out)[j] = val(chosen[j]);
@@ -1076,8 +1068,7 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
     if (!feedback && !std::signbit(zero)) {
       // x + (+0) turns -0 into +0 and leaves the rest: done first, a value's sum is then
       // the same as from -0 (scale > 0 never makes scale * (0 + v) a -0)
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < (int64_t)n; ++i) out[i] = out[i] + zero;
+      parallel_for((int64_t)n, [&](int64_t i) { out[i] = out[i] + zero; });
     }
     for (uint64_t j = 0; j < len; ++j) {
       const int64_t ix = (int64_t)index(j);
@@ -1086,9 +1077,9 @@ void scatter_out(float* out, uint64_t n, int accumulate, float scale, int feedba
       out[ix] = feedback && !hp_isfinite(w) ? 0.0f : w;
     }
     if (feedback) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < (int64_t)n; ++i)
+      parallel_for((int64_t)n, [&](int64_t i) {
         if (!hp_isfinite(out[i])) out[i] = 0.0f;
+      });
     }
     return;
   }
@@ -1155,8 +1146,7 @@ void for_segments(uint64_t count, Size size_of, Run run) {
   std::vector<uint64_t> small, large;
   for (uint64_t i = 0; i < count; ++i) (size_of(i) < BATCH_SMALL ? small : large).push_back(i);
   if (small.size() > 1) {
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t j = 0; j < (int64_t)small.size(); ++j) run(small[(size_t)j]);
+    parallel_dynamic((int64_t)small.size(), [&](int64_t j) { run(small[(size_t)j]); });
   } else if (!small.empty()) {
     run(small[0]);
   }
@@ -1266,13 +1256,14 @@ int64_t merge_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int co
                      });
   if (*bad >= 0) return -1;
   int64_t first = -1;
+  std::mutex failed;
   for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
     EncItem& it = items[i];
     char e[512];
     auto go = [&](const Settle& pre) { encode_item(it, seed, enc, settled, dec, pre); };
     if (merged(ps[i], sizes[i], it, go, e, (uint64_t)sizeof e)) {
       it.size = -1;
-#pragma omp critical(hp_merge_encode_batch)
+      std::lock_guard<std::mutex> lock(failed);
       if (first < 0 || (int64_t)i < first) {
         first = (int64_t)i;
         std::snprintf(err, errcap, "%s", e);
@@ -1303,6 +1294,7 @@ int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale
     if (unframed >= 0) return unframed;
   }
   int64_t bad = -1;
+  std::mutex failed;
   // accumulate == SCALE_SUM: add, then scale the sum (the mean of an allgather's payloads)
   const int acc = accumulate == SCALE_SUM ? 1 : accumulate;
   const float once = accumulate == SCALE_SUM ? 1.0f : scale;
@@ -1312,11 +1304,10 @@ int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale
     const int rc = dec(it.p, it.size, it.n, it.out, acc, once, feedback, e, sizeof e);
     if (!rc && accumulate == SCALE_SUM) {
       float* const o = it.out;
-#pragma omp parallel for schedule(static) if (it.n >= BATCH_SMALL)
-      for (int64_t j = 0; j < (int64_t)it.n; ++j) o[j] = o[j] * scale;
+      parallel_for((int64_t)it.n, [&](int64_t j) { o[j] = o[j] * scale; }, it.n >= BATCH_SMALL);
     }
     if (rc) {
-#pragma omp critical(hp_decode_batch)
+      std::lock_guard<std::mutex> lock(failed);
       if (bad < 0 || (int64_t)i < bad) {
         bad = (int64_t)i;
         std::snprintf(err, errcap, "%s", e);

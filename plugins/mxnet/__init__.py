@@ -16,6 +16,23 @@ from hipress._plugin import require_framework
 
 mx = require_framework("mxnet", "mxnet", "pip install 'mxnet==1.9.1' 'numpy==1.23.5'")
 
+import os  # noqa: E402
+
+from compll.parallelism import follow  # noqa: E402
+
+
+def _omp_threads() -> int | None:
+    """The threads MXNet's CPU operators run on, where the process said (MXNet reads
+    these two at start-up and has no getter); None: its default, the cores' share."""
+    said = [int(v) for v in (os.environ.get("OMP_NUM_THREADS", "").strip(),
+                             os.environ.get("MXNET_OMP_MAX_THREADS", "").strip())
+            if v.isdigit() and int(v) > 0]
+    return min(said) if said else None
+
+
+# The kernels take as many threads as MXNet's operators do, read at every kernel call.
+follow("MXNet's OMP_NUM_THREADS / MXNET_OMP_MAX_THREADS", _omp_threads)
+
 from hipress.distributed import (  # noqa: E402
     init,
     is_initialized,

@@ -17,6 +17,13 @@ from hipress._plugin import require_framework
 
 tf = require_framework("tensorflow", "tensorflow", "pip install 'hipress[tf]'")
 
+from compll.parallelism import follow  # noqa: E402
+
+# The kernels take as many threads as TensorFlow's ops do (0, TF's default: the cores'
+# share), read at every kernel call.
+follow("tf.config.threading.get_intra_op_parallelism_threads()",
+       tf.config.threading.get_intra_op_parallelism_threads)
+
 from hipress.distributed import (  # noqa: E402
     init,
     is_initialized,

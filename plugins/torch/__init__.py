@@ -16,6 +16,12 @@ from hipress._plugin import require_framework
 
 torch = require_framework("torch", "torch", "pip install 'torch==2.13.*'")
 
+from compll.parallelism import follow  # noqa: E402
+
+# The kernels take as many threads as torch's intra-op pool (torch.set_num_threads), read
+# at every kernel call.
+follow("torch.get_num_threads()", torch.get_num_threads)
+
 from hipress.distributed import (  # noqa: E402
     init,
     is_initialized,
