@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.train import smoothed, time_to  # noqa: E402
 from hipress.cliargs import Parser, add_nodes, count, nodes_of, rate  # noqa: E402
 from hipress.launcher import run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -54,6 +54,27 @@ HSDP_METHODS = {
     "HiPress HSDP cgx + int8 all-gather": ["--sync", "hipress", "--algorithm", "cgx",
                                            "--bits", "4", "--all-gather", "int8"],
 }
+
+
+#: training losses are smoothed over this many steps before they are compared with a target
+SMOOTH = 10
+
+
+def smoothed(losses: list[list[float]]) -> list[tuple[float, float]]:
+    """(seconds, loss) with each loss the mean of the last ``SMOOTH`` steps'."""
+    out = []
+    for i in range(len(losses)):
+        window = losses[max(0, i - SMOOTH + 1):i + 1]
+        out.append((losses[i][0], sum(v for _, v in window) / len(window)))
+    return out
+
+
+def time_to(target: float, losses: list[list[float]]) -> float | None:
+    """Seconds until the smoothed loss first reaches ``target``; None if it never does."""
+    for t, loss in smoothed(losses)[SMOOTH - 1:]:
+        if loss <= target:
+            return t
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,9 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         metrics = args.out.parent / f"fsdp-{method.replace(' ', '_')}.json"
         metrics.parent.mkdir(parents=True, exist_ok=True)
         metrics.unlink(missing_ok=True)
+        # the ranks share this machine's cores: each script takes its share itself, as a
+        # job whose ranks share cores does (nothing is exported for it)
         cmd = [str(HERE.parent / "examples" / "torch_fsdp_train.py"), *table[method],
                "--steps", str(args.steps), "--dim", str(args.dim), "--batch",
-               str(args.batch), "--metrics", str(metrics)]
+               str(args.batch), "--metrics", str(metrics),
+               "--threads", str(max(1, (os.cpu_count() or 1) // ranks))]
         if args.hsdp:
             cmd += ["--hsdp", str(args.nodes)]
         print(f"== {method}", flush=True)

@@ -336,6 +336,8 @@ def worker(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
+    if args.threads:  # as a job whose ranks share cores sets it (the kernels follow)
+        torch.set_num_threads(args.threads)
     bind_to_master()  # on a cluster: Gloo on the interface that reaches node 0
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -483,6 +485,8 @@ def orchestrate(args: argparse.Namespace, argv: list[str]) -> int:
     ranks, per_node = nodes_of(args)
     if per_node > 1 and args.network != "shaped":
         raise SystemExit("--ranks-per-node needs --network shaped")
+    if args.threads is None:  # the test hosts share this machine's cores
+        argv = [*argv, "--threads", str(max(1, (os.cpu_count() or 1) // ranks))]
     hosts_cm = shaped(ranks // per_node, args.bandwidth, per_node=per_node) \
         if args.network == "shaped" else loopback(ranks)
     with hosts_cm as hosts:
@@ -531,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the naive baseline")
     parser.add_argument("--probe", action="store_true",
                         help="also measure one worst-case message against a size exchange")
+    parser.add_argument("--threads", type=count(1),
+                        help="torch.set_num_threads in each rank, which the kernels follow "
+                             "(default: on this machine's test hosts, its cores / the "
+                             "ranks; on a cluster, torch's own)")
     parser.add_argument("--out", type=Path, default=RESULTS / "sync.json")
     args = parser.parse_args(argv)
     parse_rate(args.bandwidth)

@@ -33,7 +33,7 @@ from hipress.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
 from .levels import Batch, Layout, Pack, PackEntry, Segment, Wire, make_groups, reject
-from .plan import COMPRESSED, HIERARCHICAL
+from .plan import COMPRESSED, DEFAULT_ALGORITHM, HIERARCHICAL
 from .settings import agree, default_timeout, publish_invalid
 
 __all__ = ["Hierarchical", "Layout", "INTRA_DTYPES", "PACK_ELEMS"]
@@ -77,7 +77,7 @@ class Hierarchical:
         SyncError: a rank did not reach the settings check within ``timeout``.
     """
 
-    def __init__(self, algorithm: str | None = "onebit", topology: str = HIERARCHICAL, *,
+    def __init__(self, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = HIERARCHICAL, *,
                  across: str = "ps", ranks_per_node: int | None = None,
                  intra_dtype: str = "float32", pack_elems: int = PACK_ELEMS,
                  group: Any = None, timeout: float | None = None, levels: str = HIERARCHICAL,

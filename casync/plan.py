@@ -10,7 +10,8 @@ from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
 __all__ = ["TOPOLOGIES", "COMPRESSED", "SCATTER", "HIERARCHICAL", "OWNED", "MIN_COMPRESS",
-           "Plan", "Planner", "Learner", "Greedy", "StaticPlanner", "StepTimer"]
+           "DEFAULT_ALGORITHM", "Plan", "Planner", "Learner", "Greedy", "StaticPlanner",
+           "StepTimer"]
 
 #: The topologies that compress an allreduce, each a graph builder of ``casync.graphs``,
 #: in the order planners list them (the first is the default).
@@ -31,6 +32,11 @@ OWNED = ("ps", "ring", SCATTER)
 #: accuracy while its bytes cost little: on the digits example (4 ranks, 2 epochs)
 #: compressing the 28,960-element output layer with onebit cost 12 points.
 MIN_COMPRESS = 65536
+
+#: What the engine and the plugins' wrappers compress with when the user names no
+#: algorithm: a quantizer, which keeps magnitudes (docs/casync.md, "What no codec is
+#: given").
+DEFAULT_ALGORITHM = "cgx"
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,7 @@ class StaticPlanner:
         Plan(topology='ring', algorithm='onebit', partitions=4, params=())
     """
 
-    def __init__(self, algorithm: str | None = "onebit", topology: str = "ps",
+    def __init__(self, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps",
                  min_compress: int = MIN_COMPRESS, partition_bytes: int = 4 << 20,
                  **params: Any) -> None:
         if topology not in TOPOLOGIES:

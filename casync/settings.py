@@ -29,10 +29,10 @@ from hipress.errors import ConfigError, SyncError
 
 from .health import default_store
 from .links import cuda_transport_of
-from .plan import COMPRESSED, HIERARCHICAL, MIN_COMPRESS
+from .plan import COMPRESSED, DEFAULT_ALGORITHM, HIERARCHICAL, MIN_COMPRESS
 
-__all__ = ["Settings", "EngineConfig", "PLANS", "STRATEGIES", "default_timeout", "agree",
-           "publish_invalid"]
+__all__ = ["Settings", "EngineConfig", "PLANS", "STRATEGIES", "DEFAULT_ALGORITHM",
+           "default_algorithm", "default_timeout", "agree", "publish_invalid"]
 
 #: The topologies a user chooses (``none``, a plain allreduce, is algorithm "none").
 STRATEGIES = (*COMPRESSED, HIERARCHICAL)
@@ -41,6 +41,12 @@ PLANS = ("static", "auto")
 _PREFIX = "hipress/settings"
 #: Seconds a failing rank 0 keeps the job's store up for the others to read its error.
 _LINGER = 10.0
+
+
+def default_algorithm() -> str:
+    """The algorithm of a wrapper given none: ``HIPRESS_ALGORITHM`` (what ``hipress run
+    --algorithm`` sets), else ``DEFAULT_ALGORITHM``."""
+    return os.environ.get("HIPRESS_ALGORITHM", "").strip() or DEFAULT_ALGORITHM
 
 
 def default_timeout() -> float:
@@ -82,6 +88,8 @@ class Settings:
         error_feedback: None (on for biased algorithms), True or False.
         timeout: seconds a peer may stay silent.
         params: the algorithm's parameter overrides, sorted by name.
+        guard: the engine's rules on top of the plan (``casync.guard``): the first steps
+            uncompressed, row-sparse gradients never compressed.
     """
 
     algorithm: str | None
@@ -91,11 +99,13 @@ class Settings:
     error_feedback: bool | None
     timeout: float
     params: tuple[tuple[str, Any], ...]
+    guard: bool = False
 
     @classmethod
-    def of(cls, algorithm: str | None = "onebit", topology: str = "ps", plan: str = "static",
-           min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
-           timeout: float | None = None, **params: Any) -> Settings:
+    def of(cls, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps",
+           plan: str = "static", min_compress: int = MIN_COMPRESS,
+           error_feedback: bool | None = None, timeout: float | None = None,
+           guard: bool = False, **params: Any) -> Settings:
         """Check every argument; the parameters against the algorithm's own declarations
         (types, ranges, names, with a "did you mean" for a misspelled one).
 
@@ -114,6 +124,8 @@ class Settings:
         if error_feedback is not None and not isinstance(error_feedback, bool):
             raise ConfigError(f"error_feedback must be True, False or None, not "
                               f"{error_feedback!r}")
+        if not isinstance(guard, bool):
+            raise ConfigError(f"guard must be True or False, not {guard!r}")
         if timeout is None:
             seconds = default_timeout()
         else:
@@ -129,7 +141,7 @@ class Settings:
         else:
             load(algo, **params)  # the algorithm's own checks: names, types, requires
         return cls(algo, topo, chosen, int(min_compress), error_feedback, seconds,
-                   tuple(sorted(params.items())))
+                   tuple(sorted(params.items())), guard)
 
     def feedback_for(self, unbiased: bool) -> bool:
         """Whether residuals are kept for a codec: the setting, or biased codecs only."""
@@ -162,7 +174,7 @@ class EngineConfig:
     def of(cls, algorithm: str | None, topology: str, planner: Any, plan: str | None,
            min_compress: int | None, error_feedback: bool | None, timeout: float | None,
            chunk_elems: Any, seed: int, target: str, cuda_transport: Any,
-           params: dict[str, Any]) -> EngineConfig:
+           params: dict[str, Any], guard: bool = False) -> EngineConfig:
         """The ``Synchronizer``'s arguments, checked (``planner`` a ``Planner`` object, or
         a plan name as the wrappers' ``plan=`` takes).
 
@@ -182,7 +194,7 @@ class EngineConfig:
                                                     else "static")
         settings = Settings.of(algorithm, topology, chosen,
                                MIN_COMPRESS if min_compress is None else min_compress,
-                               error_feedback, timeout, **params)
+                               error_feedback, timeout, guard, **params)
         if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, int) \
                 or chunk_elems < 1:
             raise ConfigError(f"chunk_elems must be an integer >= 1, not {chunk_elems!r}")
@@ -208,6 +220,7 @@ class EngineConfig:
             "plan": "auto" if self.auto else repr(planner),
             "seed": self.seed,
             "chunk elements": self.chunk_elems,
+            "guard": settings.guard,
             "CUDA transport": self.cuda_transport if isinstance(self.cuda_transport, str)
             else type(self.cuda_transport).__name__,
         }

@@ -36,7 +36,8 @@ def _config(sync: Any) -> dict[str, Any]:
     settings = config.settings
     return {"algorithm": settings.algorithm, "algorithm parameters": probe,
             "topology": settings.topology, "error feedback": settings.error_feedback,
-            "seed": config.seed, "chunk elements": config.chunk_elems, "planner": kind}
+            "seed": config.seed, "chunk elements": config.chunk_elems, "planner": kind,
+            "guard": settings.guard}
 
 
 def state_dict(sync: Any) -> dict[str, Any]:
@@ -47,11 +48,13 @@ def state_dict(sync: Any) -> dict[str, Any]:
         plan = {"cost": planner.cost.to_json(), "algorithms": list(planner.algorithms),
                 "topologies": list(planner.topologies), "seen": planner.modelled,
                 "fits": planner.fits}
+    guard = sync.steps.guard
     return {"format": FORMAT, "world": sync.size, "rank": sync.rank, "step": sync.step,
             "config": _config(sync),
             "residuals": {key: ef.state_dict()
                           for key, ef in sync.codecs.residuals.items()},
-            "owners": dict(sync.steps.chunker.owners), "plan": plan}
+            "owners": dict(sync.steps.chunker.owners), "plan": plan,
+            "guard": guard.state_dict() if guard is not None else None}
 
 
 def load_state_dict(sync: Any, state: dict[str, Any], reset_residuals: bool = False) -> None:
@@ -93,6 +96,8 @@ def load_state_dict(sync: Any, state: dict[str, Any], reset_residuals: bool = Fa
             planner.fit([Gradient(name, numel) for name, numel in planner.modelled],
                         sync.size, chunk_elems=sync.config.chunk_elems)
         sync.planner = planner
+    if sync.steps.guard is not None and state.get("guard") is not None:
+        sync.steps.guard.load_state_dict(state["guard"])
     sync.step = int(state["step"])
     sync.steps.chunker.owners = {tuple(k): int(v)
                                  for k, v in state.get("owners", {}).items()}

@@ -14,8 +14,9 @@ from .chunks import Chunk, Chunker, Entry
 from .codecs import Codecs
 from .executor import Executor, Graph
 from .graphs import BUILDERS, Context, slots
+from .guard import Guard, PlanDump, dumping
 from .links import Links
-from .plan import Learner, Planner
+from .plan import SCATTER, Learner, Plan, Planner
 from .staging import Completion, give_back
 from .transport import tag_space
 
@@ -33,10 +34,12 @@ class Steps:
         executor: runs the graphs.
         chunk_elems: a chunk is sent once it holds this many elements.
         timeout: seconds a send of an earlier step may take to complete.
+        guard: the rules applied on top of the planner's plans (``casync.guard``), or None.
     """
 
     def __init__(self, transport: Any, planner: Planner, codecs: Codecs, links: Links,
-                 executor: Executor, chunk_elems: int, timeout: float) -> None:
+                 executor: Executor, chunk_elems: int, timeout: float,
+                 guard: Guard | None = None) -> None:
         # -- what the steps run on (the engine's, shared)
         self.transport = transport
         self.planner = planner  # a property: see below
@@ -44,6 +47,8 @@ class Steps:
         self.links = links
         self.executor = executor
         self.timeout = timeout
+        self.guard = guard
+        self._dump = PlanDump(transport.rank) if dumping() else None
         # -- the step in progress
         self.number = 0
         self.names: set[str] = set()  # submitted this step
@@ -75,9 +80,21 @@ class Steps:
         if self._learner is not None:
             self._learner.observe([(entry.name, entry.numel) for entry in entries])
         plan = self._planner.plan
-        for chunk in self.chunker.add_many(entries, [plan(e.name, e.numel, size)
-                                                     for e in entries]):
+        plans = [plan(e.name, e.numel, size) for e in entries]
+        if self.guard is not None or self._dump is not None:
+            plans = self._ruled(entries, plans)
+        for chunk in self.chunker.add_many(entries, plans):
             self.launch(chunk)
+
+    def _ruled(self, entries: list[Entry], plans: list[Plan]) -> list[Plan]:
+        """The guard's rules applied to the planner's ``plans``, dumped if asked."""
+        names = [e.name for e in entries]
+        why: list[str | None] = [None] * len(plans)
+        if self.guard is not None:
+            plans, why = self.guard.adjust(self.number, names, plans)
+        if self._dump is not None:
+            self._dump.show(self.number, names, [e.numel for e in entries], plans, why)
+        return plans
 
     def flush(self) -> None:
         """Send the chunks still filling."""
@@ -134,16 +151,22 @@ class Steps:
             error = self.executor.reject(graph, exc)
             _fail(chunk, error)
             raise error from exc
-        graph.on_done = lambda: self._finish(chunk, link)
+        step = self.number
+        graph.on_done = lambda: self._finish(chunk, link, step)
         graph.on_error = lambda error: _fail(chunk, error)
         self.graphs.append(graph)
         self.executor.add(graph)
 
-    def _finish(self, chunk: Chunk, link: Any) -> None:
-        """``chunk``'s graph is done: give back the tensors it completed and resolve the
-        futures all of whose tensors are now complete."""
+    def _finish(self, chunk: Chunk, link: Any, step: int) -> None:
+        """``chunk``'s graph (of ``step``) is done: give back the tensors it completed and
+        resolve the futures all of whose tensors are now complete."""
         with self._lock:
             finished = [seg.entry for seg in chunk.segments if seg.entry.segment_done()]
+        if self.guard is not None and self.guard.watching(step) \
+                and chunk.plan.topology != SCATTER:
+            with link.memory.active():  # on a GPU, after the engine's decodes
+                for entry in finished:  # the average, the same bits on every rank
+                    self.guard.inspect(entry.name, entry.buf)
         counts: dict[Completion, int] = {}
         # On the engine's stream: a write-back copy and the future's event follow the
         # decodes.

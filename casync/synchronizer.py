@@ -23,9 +23,10 @@ from .chunks import CHUNK_ELEMS
 from .codecs import Codecs
 from .devices import Link, Memory
 from .executor import Executor
+from .guard import Guard
 from .health import Health
 from .links import Links
-from .plan import HIERARCHICAL, Plan, Planner, StaticPlanner
+from .plan import DEFAULT_ALGORITHM, HIERARCHICAL, Plan, Planner, StaticPlanner
 from .planner import CostPlanner
 from .settings import EngineConfig, agree, default_timeout, publish_invalid
 from .state import load_state_dict as load_engine_state
@@ -94,6 +95,9 @@ class Synchronizer:
             ``HIPRESS_CUDA_TRANSPORT``, else auto.
         nccl_group: the NCCL group over the same ranks as ``group`` (default the world).
         trace: record task timings in ``executor.trace``.
+        guard: apply the engine's rules on top of the plan (``casync.guard``): the first
+            steps uncompressed, and tensors whose averaged gradient was mostly exact zeros
+            then (embeddings) never compressed. The plugins' wrappers turn it on.
         **params: parameters of ``algorithm``.
 
     Raises:
@@ -107,7 +111,7 @@ class Synchronizer:
         >>> sync.synchronize()   # every p.grad now holds the average over ranks
     """
 
-    def __new__(cls, algorithm: str | None = "onebit", topology: str = "ps",
+    def __new__(cls, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps",
                 **options: Any) -> Any:
         if cls is Synchronizer and (topology == HIERARCHICAL
                                     or _on_nodes(algorithm, options)):
@@ -120,18 +124,18 @@ class Synchronizer:
                                 **options)
         return super().__new__(cls)
 
-    def __init__(self, algorithm: str | None = "onebit", topology: str = "ps", *,
+    def __init__(self, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps", *,
                  planner: Planner | str | None = None, plan: str | None = None,
                  min_compress: int | None = None, error_feedback: bool | None = None,
                  group: Any = None, timeout: float | None = None,
                  chunk_elems: int = CHUNK_ELEMS, seed: int = 0,
                  target: str = "auto", transport: Transport | None = None,
                  cuda_transport: str | Transport | None = None, nccl_group: Any = None,
-                 trace: bool = False, **params: Any) -> None:
+                 trace: bool = False, guard: bool = False, **params: Any) -> None:
         try:
             self.config = EngineConfig.of(algorithm, topology, planner, plan, min_compress,
                                           error_feedback, timeout, chunk_elems, seed, target,
-                                          cuda_transport, params)
+                                          cuda_transport, params, guard)
         except ConfigError as exc:
             # the other ranks learn it at their settings check instead of waiting on this one
             publish_invalid(exc, transport.group if transport is not None else group)
@@ -160,7 +164,8 @@ class Synchronizer:
         self.executor.explain = self._explain
         # -- the steps
         self.steps = Steps(self.transport, first, self.codecs, self.links, self.executor,
-                           config.chunk_elems, settings.timeout)
+                           config.chunk_elems, settings.timeout,
+                           Guard() if settings.guard else None)
         lifecycle.register(self)  # closed before its group is destroyed, or at exit
 
     # -- configuration ------------------------------------------------------------------

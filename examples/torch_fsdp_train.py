@@ -88,7 +88,11 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, help="save here; resume from it")
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--metrics", type=Path, help="write the run's figures as JSON")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads for this rank (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     hp.init()
     rank, world = hp.rank(), hp.size()

@@ -6,9 +6,12 @@
 
 --model picks the network: ``mlp`` (a wide MLP, six gradient tensors), ``resnet`` (a
 small residual CNN, 17 blocks of two convolutions with batch norm: 107 gradient tensors,
-what a real model hands the engine) or ``transformer`` (a GPT-style language model, 76
-tensors, 13.8M parameters, trained with AdamW on token sequences of a Markov chain:
-examples/_lm.py).
+what a real model hands the engine), both on scikit-learn's digits, or ``transformer`` (a
+GPT-style byte-level language model, 76 tensors, 10.7M parameters, trained with AdamW on
+the Python standard library's own source: examples/_lm.py, examples/_text.py). Every task
+holds out data it never trains on; --eval-every N scores the model there every N steps
+(the clock stops meanwhile), and --target-loss stops training once that held-out loss is
+reached.
 
 --sync picks how gradients are averaged:
   hook       DDP with hipress.torch's comm hook (CaSync, --algorithm)     [default]
@@ -49,9 +52,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from _digits import load_digits_split
-from _lm import GPT, MarkovTokens
+from _lm import GPT
+from _text import VOCAB, ByteText
 from torch import nn
 
+import hipress
 import hipress.torch as hp
 from hipress.breakdown import COLUMNS, summarize
 from hipress.distributed import allgather_object
@@ -97,21 +102,21 @@ def make_model(width: int, kind: str = "mlp") -> nn.Module:
     if kind == "resnet":
         return ResNet(width)
     if kind == "transformer":
-        return GPT(dim=width)
+        return GPT(vocab=VOCAB, dim=width)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 10))
 
 
 class Task:
     """A model's data: ``batch(step, rank)`` gives that rank's inputs and targets;
-    ``loss`` and ``accuracy`` score a model's output."""
+    ``loss`` scores a model's output, ``evaluate`` a model on the held-out data."""
 
     def __init__(self, kind: str, batch: int, world: int) -> None:
         self.kind, self.size, self.world = kind, batch, world
         if kind == "transformer":
-            self.tokens = MarkovTokens()
+            self.tokens = ByteText()
             self.steps_per_epoch = 4096 // (batch * world)
-            test = torch.from_numpy(self.tokens.batch(10_000, 0, 64))
+            test = torch.from_numpy(self.tokens.held_out(64))
             self.test = (test[:, :-1], test[:, 1:])
         else:
             xtr, ytr, xte, yte = load_digits_split()
@@ -133,11 +138,30 @@ class Task:
     def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
-    def accuracy(self, model: nn.Module, device: torch.device) -> float:
+    def evaluate(self, model: nn.Module, device: torch.device) -> tuple[float, float]:
+        """The loss and accuracy on the held-out data (batch norm's running statistics)."""
         x, y = self.test
+        net = model.module if isinstance(model, nn.parallel.DistributedDataParallel) \
+            else model
+        was = net.training
+        net.eval()
         with torch.no_grad():
-            out = model(x.to(device)).argmax(-1).cpu()
-        return float((out == y).float().mean())
+            out = net(x.to(device)).float().cpu()
+        net.train(was)
+        accuracy = float((out.argmax(-1) == y).float().mean())
+        return float(self.loss(out, y)), accuracy
+
+
+def _chosen(args: argparse.Namespace) -> dict[str, object]:
+    """What the command line chose of HiPress's codec: nothing (HiPress's default), or an
+    algorithm and its parameters."""
+    if not args.algorithm:
+        return {}
+    params = {}
+    for item in args.param:
+        name, _, value = item.partition("=")
+        params[name] = float(value) if "." in value or "e" in value else int(value)
+    return {"algorithm": args.algorithm, **params}
 
 
 def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer,
@@ -151,8 +175,10 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     if args.sync == "local":
         return model, opt, None
     if args.sync == "optimizer":
+        chosen = _chosen(args)
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                      algorithm=args.algorithm, topology=args.topology)
+                                      **chosen, plan=args.plan, topology=args.topology,
+                                      guard=args.guard)
         return model, opt, opt._sync  # type: ignore[attr-defined]
     # PowerSGD's hook chains collectives inside Gloo's two worker threads; with several
     # buckets they can all block each other (a hang), so it gets one bucket.
@@ -162,8 +188,9 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap,
                                               gradient_as_bucket_view=True)
     if args.sync == "hook" or (args.sync == "ddp" and args.bandwidth):
-        state = hp.HookState(algorithm=args.algorithm if args.sync == "hook" else "none",
-                             topology=args.topology, trace=args.breakdown)
+        chosen = _chosen(args) if args.sync == "hook" else {"algorithm": "none"}
+        state = hp.HookState(**chosen, plan=args.plan, topology=args.topology,
+                             trace=args.breakdown, guard=args.guard)
         ddp.register_comm_hook(state, hp.comm_hook)
         return ddp, opt, state
     if args.sync == "powersgd":
@@ -189,10 +216,11 @@ def _engine_alone(model: nn.Module, args: argparse.Namespace, steps: int = 12) -
     """Median ms of the engine alone synchronizing gradients of the model's shapes in one
     batch (``submit_many`` + ``synchronize``) with this run's settings: the time no
     integration adds to."""
-    from casync import Synchronizer
-    from hipress.distributed import gloo_group
+    from hipress.distributed import EngineOptions
 
-    sync = Synchronizer(args.algorithm, args.topology, group=gloo_group())
+    chosen = _chosen(args)
+    sync = EngineOptions(**chosen, plan=args.plan, topology=args.topology,
+                         guard=args.guard).engine()
     grads = [(name, torch.randn(p.shape)) for name, p in model.named_parameters()]
     times = []
     for _ in range(steps):
@@ -224,7 +252,15 @@ def main() -> None:
                         help="default: adamw for the transformer, sgd (momentum) otherwise")
     parser.add_argument("--breakdown", action="store_true",
                         help="record where each step's time goes (see above)")
-    parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM", "onebit"))
+    parser.add_argument("--algorithm", default=os.environ.get("HIPRESS_ALGORITHM"),
+                        help="default: HiPress's own (hipress.torch.HookState())")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a parameter of --algorithm, e.g. --param bits=2 (repeatable)")
+    parser.add_argument("--plan", default="static", choices=["static", "auto"],
+                        help="HiPress's per-tensor plan: a size threshold, or the cost model")
+    parser.add_argument("--no-guard", dest="guard", action="store_false",
+                        help="compress what the plan says from the first step (no warm-up, "
+                             "embeddings compressed too: casync.guard)")
     parser.add_argument("--topology", default="ps", choices=["ps", "ring", "allgather"],
                         help="CaSync strategy for compressed tensors")
     parser.add_argument("--model", default="mlp", choices=["mlp", "resnet", "transformer"])
@@ -236,6 +272,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     parser.add_argument("--warmup", type=int, default=3,
                         help="steps left out of the steady samples/s (one-time set-up)")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="score the model on held-out data every this many steps "
+                             "(and at the end); the clock stops meanwhile")
+    parser.add_argument("--target-loss", type=float, default=None,
+                        help="stop once the held-out loss (the mean of the last --smooth "
+                             "scores) is at most this, but not before --min-steps")
+    parser.add_argument("--smooth", type=int, default=1,
+                        help="held-out scores averaged for --target-loss")
+    parser.add_argument("--min-steps", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads for this rank (default: OMP_NUM_THREADS, "
+                             "else this node's cores / its ranks)")
     parser.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     parser.add_argument("--lr", type=float, default=None,
                         help="default: 0.05 for sgd, 0.001 for adamw")
@@ -258,7 +306,7 @@ def main() -> None:
         if args.sync in ("powersgd", "fp16"):
             parser.error(f"--sync {args.sync} talks to torch.distributed directly and cannot be "
                          "paced; use real shaped links instead of --bandwidth")
-    threads = os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // int(
+    threads = args.threads or os.environ.get("OMP_NUM_THREADS") or (os.cpu_count() or 1) // int(
         os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(max(1, int(threads)))
 
@@ -286,6 +334,8 @@ def main() -> None:
     model, opt, reporter = wrap(make_model(args.width, args.model).to(device), args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
     hook = reporter if isinstance(reporter, hp.HookState) else None
+    if hook is not None:  # the engine, and the kernels it compiles on a first run, now:
+        hook.synchronizer()  # not inside the first timed step
     first = checkpoints.resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
     if first and rank == 0:
         print(f"resumed from step {first} ({args.checkpoint})", flush=True)
@@ -297,11 +347,35 @@ def main() -> None:
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    label = f"{args.sync} {args.algorithm}" if args.sync in ("hook", "optimizer") else args.sync
+    label = f"{args.sync} {args.algorithm or 'default'}" if args.sync in ("hook", "optimizer") \
+        else args.sync
     progress = Progress(TextColumn(f"[bold]{label}"),
                         BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                         TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
                         disable=rank != 0 or args.quiet)
+    evals: list[tuple[float, int, float, float]] = []  # (seconds, step, loss, accuracy)
+    paused = 0.0  # seconds spent scoring on held-out data, left out of the clock
+
+    def clock() -> float:
+        return time.perf_counter() - start - paused
+
+    def evaluate() -> bool:
+        """Score on held-out data; whether the target loss is reached. Rank 0's score
+        counts on every rank (batch norm's running statistics are each rank's own until
+        DDP's next forward broadcasts rank 0's), so every rank stops at the same step.
+        The clock stops meanwhile."""
+        nonlocal paused
+        begin = time.perf_counter()
+        seconds = clock()
+        score = torch.tensor(data.evaluate(model, device), dtype=torch.float64)
+        dist.broadcast(score, 0)  # every rank resumes together, with rank 0's score
+        loss, accuracy = (float(v) for v in score)
+        evals.append((seconds, step, loss, accuracy))
+        paused += time.perf_counter() - begin
+        recent = [e[2] for e in evals[-args.smooth:]]
+        return args.target_loss is not None and step >= args.min_steps \
+            and sum(recent) / len(recent) <= args.target_loss
+
     dist.barrier()
     start = time.perf_counter()
     sent0 = bytes_sent(reporter)
@@ -321,8 +395,11 @@ def main() -> None:
                 steps_ms.append(summarize(t0, t1, t2, time.perf_counter(),
                                           hook.take_trace() if hook is not None else None))
             step += 1
-            losses.append((time.perf_counter() - start, loss.item()))
+            losses.append((clock(), loss.item()))
             progress.update(task, advance=1, loss=losses[-1][1])
+            if args.eval_every and step % args.eval_every == 0 and step < total \
+                    and evaluate():
+                break
             if args.checkpoint and step % args.checkpoint_every == 0:
                 # a DistributedOptimizer's state_dict() holds HiPress's state; a hook's is apart
                 checkpoints.save_training(args.checkpoint, rank, step, model, opt, hook)
@@ -330,15 +407,16 @@ def main() -> None:
                 print(f"rank {rank} fails after step {step} (--fail-at)", flush=True)
                 sys.stdout.flush()
                 os._exit(1)
+    if not evals or evals[-1][1] != step:
+        evaluate()
     dist.barrier()
-    elapsed = time.perf_counter() - start
+    elapsed = clock()
     run = step - first  # steps this attempt ran
     # Steady throughput leaves out the first steps, which pay one-time costs (DDP's bucket
     # rebuild, kernel loads, CaSync's plans), as Horovod's benchmarks do.
     warm = min(args.warmup, run - 1) if run > 1 else 0
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
-    model.eval()  # batch norm: the running statistics
-    accuracy = data.accuracy(model, device)
+    accuracy = evals[-1][3]
     # Replicas must agree: compare a checksum of the parameters across ranks.
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     sums = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
@@ -353,6 +431,8 @@ def main() -> None:
               "steady_samples_per_s": (run - warm) * args.batch * world / steady_s,
               "bytes_per_step": (bytes_sent(reporter) - sent0) / max(run, 1),
               "accuracy": accuracy, "final_loss": losses[-1][1] if losses else None,
+              "heldout_loss": evals[-1][2], "evals": evals,
+              "threads": {"torch": torch.get_num_threads(), "kernels": str(hipress.threads())},
               "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses,
               "device": str(device)}
     if args.breakdown:
@@ -362,7 +442,8 @@ def main() -> None:
     if rank == 0:
         print(f"{label}: {run} steps in {elapsed:.1f} s, "
               f"{result['samples_per_s']:.0f} samples/s ({result['steady_samples_per_s']:.0f} "
-              f"after {warm} warm-up steps), accuracy {accuracy:.3f}, "
+              f"after {warm} warm-up steps), held-out loss {evals[-1][2]:.3f}, "
+              f"accuracy {accuracy:.3f}, "
               f"replicas identical: {identical}")
         if args.metrics:
             args.metrics.parent.mkdir(parents=True, exist_ok=True)

@@ -184,7 +184,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
 def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=count(2), default=4)
     p.add_argument("--bandwidth", type=rate, default="1gbit", help="link rate per rank")
-    p.add_argument("--algorithm", type=algorithm, default="onebit")
+    p.add_argument("--algorithm", type=algorithm, default=None,
+                   help="default: what HookState() gives a user who chooses none")
     p.add_argument("--epochs", type=count(1), default=2)
     p.add_argument("--width", type=count(1), default=2048, help="MLP hidden width")
     p.add_argument("--batch", type=count(1), default=16, help="samples per rank per step")

@@ -17,7 +17,7 @@ import numpy as np
 from casync import Synchronizer, lifecycle
 from casync.lifecycle import let_gloo_release
 from casync.plan import MIN_COMPRESS
-from casync.settings import Settings, publish_invalid
+from casync.settings import Settings, default_algorithm, publish_invalid
 from casync.teardown import Connections
 
 from .errors import ConfigError
@@ -128,12 +128,13 @@ def synchronizer(algorithm: str, group: Any = None, **options: Any) -> Any:
 
 
 class EngineOptions:
-    """What every plugin's wrappers take (``algorithm="onebit", plan=..., ...``),
-    validated where the user passes them, turned into an engine on first use.
+    """What every plugin's wrappers take (``algorithm=..., plan=..., ...``), validated
+    where the user passes them, turned into an engine on first use.
 
     Args:
         algorithm: a CompLL algorithm (``hipress.algorithms()``), a ``.cll`` path, or
-            ``"none"``.
+            ``"none"``; default ``HIPRESS_ALGORITHM`` if set (``hipress run
+            --algorithm``), else ``casync.plan.DEFAULT_ALGORITHM``.
         plan: ``"static"``: compress tensors of at least ``min_compress`` elements over
             ``topology``; ``"auto"``: the cost-model planner on costs profiled on this
             group at start-up.
@@ -143,6 +144,10 @@ class EngineOptions:
         error_feedback: ``None`` = on for biased algorithms.
         timeout: seconds before a silent peer raises ``SyncError``.
         trace: the engine records its tasks (``hipress.breakdown``).
+        guard: the engine's rules on top of the plan (``casync.guard``): the first steps
+            uncompressed, tensors whose averaged gradient was mostly exact zeros then
+            (embeddings) never compressed. ``False`` compresses what the plan says from
+            the first step.
         **params: the algorithm's parameters (``ratio=0.001`` for dgc).
 
     Raises:
@@ -151,17 +156,20 @@ class EngineOptions:
             engines fail at their settings check with this rank's message.
     """
 
-    def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
-                 min_compress: int = MIN_COMPRESS, error_feedback: bool | None = None,
-                 timeout: float | None = None, trace: bool = False, **params: Any) -> None:
+    def __init__(self, algorithm: str | None = None, plan: str = "static",
+                 topology: str = "ps", min_compress: int = MIN_COMPRESS,
+                 error_feedback: bool | None = None, timeout: float | None = None,
+                 trace: bool = False, guard: bool = True, **params: Any) -> None:
         self.trace = bool(trace)  # the engine records its tasks (not a setting ranks share)
         try:
+            algorithm = default_algorithm() if algorithm is None else algorithm
             self.settings = Settings.of(algorithm, topology, plan, min_compress,
-                                        error_feedback, timeout, **params)
+                                        error_feedback, timeout, guard, **params)
         except ConfigError as exc:
             publish_invalid(exc)  # when the job has joined its process group
             raise
         self.algorithm = algorithm
+        self.guard = guard
         self.plan = plan
         self.topology = topology
         self.min_compress = min_compress
@@ -173,7 +181,8 @@ class EngineOptions:
     def key(self) -> tuple[Any, ...]:
         """Equal for equal options (to share one engine between short-lived wrappers)."""
         return (self.algorithm, self.plan, self.topology, self.min_compress,
-                self.error_feedback, self.timeout, tuple(sorted(self.params.items())))
+                self.error_feedback, self.timeout, self.guard,
+                tuple(sorted(self.params.items())))
 
     def engine(self) -> Any:
         """A ``Synchronizer`` with these options on the plugin's group (joins it first)."""
@@ -182,7 +191,7 @@ class EngineOptions:
         return synchronizer(self.algorithm, topology=self.topology, plan=self.plan,
                             min_compress=self.min_compress,
                             error_feedback=self.error_feedback, timeout=self.timeout,
-                            trace=self.trace, **self.params)
+                            trace=self.trace, guard=self.guard, **self.params)
 
 
 class LazyEngine:

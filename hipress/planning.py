@@ -53,8 +53,11 @@ def fit_table(cost: Any, title: str) -> Any:
 
 
 def _profile_worker(args: argparse.Namespace) -> int:
+    import torch
     import torch.distributed as dist  # torch loads only in the ranks that profile
 
+    if args.threads:  # the kernels follow torch's setting
+        torch.set_num_threads(args.threads)
     dist.init_process_group("gloo", timeout=timedelta(seconds=600))
     transport = Transport()
     say = print if transport.rank == 0 else (lambda *_: None)
@@ -96,6 +99,10 @@ def profile_main(argv: list[str]) -> int:
     parser.add_argument("--target", default="auto", choices=["auto", "cpu", "cuda", "ref"],
                         help="codec target")
     parser.add_argument("-o", "--out", type=Path, default=Path("profile.json"))
+    parser.add_argument("--threads", type=count(1),
+                        help="torch.set_num_threads in each rank, which the kernels follow "
+                             "(default: torch's; on this machine's shaped test hosts, its "
+                             "cores / the ranks)")
     args = parser.parse_args(argv)
     if "RANK" in os.environ:
         return _profile_worker(args)
@@ -104,6 +111,8 @@ def profile_main(argv: list[str]) -> int:
         argv += ["--out", str(args.out.resolve())]
     cmd = [sys.executable, "-m", "hipress", "profile", *argv]
     if args.network == "shaped":
+        if args.threads is None:  # the test hosts share this machine's cores
+            cmd += ["--threads", str(max(1, (os.cpu_count() or 1) // args.ranks))]
         return run_shaped(args.ranks, args.bandwidth, cmd, per_node=args.ranks_per_node)
     if args.ranks_per_node != 1:
         parser.error("--ranks-per-node needs --network shaped")

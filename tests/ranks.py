@@ -572,11 +572,45 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             "gradients": 4 * steps * sum(sizes)}
 
 
+#: rows x width of the embedding-like gradient of the guarded scenario, and the rows each
+#: rank's step touches
+GUARD_ROWS, GUARD_WIDTH, GUARD_TOUCHED = 1000, 128, 20
+
+
+def guard_data(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s two gradients in ``step`` of the guarded scenario: an embedding's
+    (``GUARD_TOUCHED`` rows of values, the others exactly zero) and a dense layer's."""
+    r = np.random.default_rng([rank, step, 99])
+    emb = np.zeros((GUARD_ROWS, GUARD_WIDTH), np.float32)
+    rows = r.choice(GUARD_ROWS, GUARD_TOUCHED, replace=False)
+    emb[rows] = r.standard_normal((GUARD_TOUCHED, GUARD_WIDTH))
+    return emb.reshape(-1), data(rank, 1, 100_000, step)
+
+
+def guarded(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """An engine with the guard on (``casync.guard``) averaging an embedding-like and a
+    dense gradient for ``steps`` steps: each step's averages, and what the guard decided."""
+    import torch
+
+    from casync import Synchronizer
+
+    sync = Synchronizer(args["algo"], args.get("topology", "ps"), guard=True, timeout=60)
+    arrays = {}
+    for step in range(args.get("steps", 5)):
+        emb, dense = (torch.from_numpy(a) for a in guard_data(rank, step))
+        sync.submit_many([("emb", emb), ("dense", dense)])
+        sync.synchronize()
+        arrays[f"emb{step}"], arrays[f"dense{step}"] = emb.numpy(), dense.numpy()
+    np.savez(out / f"rank{rank}.npz", **arrays)
+    state = sync.state_dict()
+    sync.close()
+    return {"guard": state["guard"], "sent": sync.transport.bytes_sent}
+
+
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, nonfinite,
                                                      wait_first, fault, hierarchical,
                                                      mismatch, pipeline, messages, auto_plan,
-                                                     auto_levels,
-                                                     host_copies)}
+                                                     auto_levels, host_copies, guarded)}
 
 
 #: scenarios that join the group themselves (through hipress's init, as a user would)
@@ -983,8 +1017,38 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
     return {}
 
 
+def torch_embedding(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """A bag-of-tokens model (an untied embedding, 2048 x 64, and a dense output layer)
+    under DDP with ``HookState()`` as a user leaves it, or ``args["hook"]``: every step's
+    averaged embedding gradient, and plain DDP's for the same steps alongside."""
+    import torch
+    from torch import nn
+
+    import hipress.torch as hp
+
+    hp.init()
+    grads: dict[str, list[Any]] = {"hipress": [], "ddp": []}
+    for kind in grads:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.EmbeddingBag(2048, 64), nn.Linear(64, 2048))
+        ddp = nn.parallel.DistributedDataParallel(model)
+        if kind == "hipress":
+            ddp.register_comm_hook(hp.HookState(**args.get("hook", {})), hp.comm_hook)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(args.get("steps", 5)):
+            r = np.random.default_rng([rank, step])
+            tokens = torch.from_numpy(r.integers(0, 2048, (8, 16)))
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(tokens), tokens[:, 0]).backward()
+            grads[kind].append(model[0].weight.grad.clone().numpy())
+            opt.step()
+    np.savez(out / f"rank{rank}.npz", **{f"{k}{i}": g for k, gs in grads.items()
+                                         for i, g in enumerate(gs)})
+    return {}
+
+
 SCENARIOS.update({f.__name__: f for f in (torch_plugin, amp, slow_wire, invalid_rank, misuse,
-                                          torch_fault,
+                                          torch_fault, torch_embedding,
                                           torch_checkpoint)})
 
 

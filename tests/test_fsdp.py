@@ -52,6 +52,23 @@ def test_compressed_reduce_scatter_keeps_replicas_equal_and_learns(tmp_path, wor
     assert ours[0]["sent"] < 0.2 * 4 * n * (world - 1) / world * steps
 
 
+def test_the_first_steps_are_fsdp2s_own_reduce_scatter_unless_the_guard_is_off(tmp_path):
+    """casync.guard's warm-up: compress_fsdp's first WARMUP_STEPS steps give plain FSDP2's
+    bits and send nothing through HiPress; with guard=False the first step compresses."""
+    from casync.guard import WARMUP_STEPS
+
+    args = {"steps": WARMUP_STEPS}
+    plain = _run(2, "train", tmp_path / "plain", {**args, "algorithm": "plain"})
+    warm = _run(2, "train", tmp_path / "warm", {**args, "algorithm": "cgx"})
+    cold = _run(2, "train", tmp_path / "cold", {**args, "algorithm": "cgx",
+                                                "params": {"guard": False}})
+    for a, b, c in zip(plain, warm, cold, strict=True):
+        assert a["arrays"]["params"].tobytes() == b["arrays"]["params"].tobytes()
+        assert b["sent"] == 0 and b["steps"] == WARMUP_STEPS
+        assert c["sent"] > 0 and a["arrays"]["params"].tobytes() != \
+            c["arrays"]["params"].tobytes()
+
+
 def test_an_int8_all_gather_gives_every_rank_the_same_quantized_weights(tmp_path):
     steps = 20
     plain = _run(2, "train", tmp_path / "plain", {"algorithm": "plain", "steps": steps})

@@ -28,15 +28,11 @@ class HiPress(mx.kv.KVStoreBase):
     step that runs when the last key of the step arrives.
 
     Args:
-        algorithm, plan, topology, min_compress, error_feedback, timeout, **params:
-            see ``hipress.distributed.EngineOptions``; the algorithm defaults to
-            ``HIPRESS_ALGORITHM`` or onebit.
+        algorithm, plan, topology, min_compress, error_feedback, timeout, guard, **params:
+            see ``hipress.distributed.EngineOptions``.
     """
 
     def __init__(self, algorithm: str | None = None, **options: Any) -> None:
-        import os
-
-        algorithm = algorithm or os.environ.get("HIPRESS_ALGORITHM", "onebit")
         self.options = core.EngineOptions(algorithm, **options)
         if not core.is_initialized():
             core.init()

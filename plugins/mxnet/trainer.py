@@ -19,7 +19,7 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     Args:
         params, optimizer, optimizer_params: as for ``gluon.Trainer``.
-        algorithm, plan, topology, min_compress, error_feedback, timeout, **options:
+        algorithm, plan, topology, min_compress, error_feedback, timeout, guard, **options:
             see ``hipress.distributed.EngineOptions``.
 
     Example:
@@ -29,7 +29,7 @@ class DistributedTrainer(mx.gluon.Trainer):
     """
 
     def __init__(self, params: Any, optimizer: Any, optimizer_params: Any = None,
-                 algorithm: str = "onebit", **options: Any) -> None:
+                 algorithm: str | None = None, **options: Any) -> None:
         self._hipress = core.EngineOptions(algorithm, **options)
         self._engine = core.LazyEngine(self._hipress)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)

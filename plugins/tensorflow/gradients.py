@@ -115,7 +115,7 @@ class DistributedGradientTape:
 
     Args:
         tape: the tape that recorded the forward pass.
-        algorithm, plan, topology, min_compress, error_feedback, timeout, **params:
+        algorithm, plan, topology, min_compress, error_feedback, timeout, guard, **params:
             as for ``hipress.torch.DistributedOptimizer`` (see ``EngineOptions``).
 
     Example:
@@ -125,7 +125,8 @@ class DistributedGradientTape:
         >>> grads = tape.gradient(loss, model.trainable_variables)
     """
 
-    def __init__(self, tape: tf.GradientTape, algorithm: str = "onebit", **options: Any) -> None:
+    def __init__(self, tape: tf.GradientTape, algorithm: str | None = None,
+                 **options: Any) -> None:
         self._tape = tape
         config = core.EngineOptions(algorithm, **options)
         # Loops build a tape per step: they share one engine (and its residuals).

@@ -34,7 +34,7 @@ def _load_state_dict(self: Any, state: dict[str, Any], reset_residuals: bool = F
 
 
 def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - Horovod's name
-                         algorithm: str = "onebit", **options: Any) -> Any:
+                         algorithm: str | None = None, **options: Any) -> Any:
     """Wrap a Keras optimizer so every ``apply`` first averages the gradients over ranks.
 
     Returns an optimizer of a subclass of ``type(optimizer)`` with the same
@@ -51,8 +51,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - 
 
     Args:
         optimizer: any Keras 3 optimizer.
-        algorithm, plan, topology, min_compress, error_feedback, timeout, **params:
-            see ``hipress.distributed.EngineOptions``.
+        algorithm, plan, topology, min_compress, error_feedback, timeout, guard,
+            **params: see ``hipress.distributed.EngineOptions``.
 
     Example:
         >>> opt = hp.DistributedOptimizer(keras.optimizers.SGD(0.05), algorithm="onebit")

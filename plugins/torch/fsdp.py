@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
+from casync.guard import WARMUP_STEPS
 from casync.plan import COMPRESSED, MIN_COMPRESS, SCATTER, StaticPlanner
 from compll.codec import Codec, codec
 from compll.ir import LengthKind
@@ -82,7 +83,8 @@ class FSDPState:
     Args:
         algorithm: a CompLL algorithm (``hipress.algorithms()``; blockwise ones such as
             ``cgx``, ``zeropp`` and ``qsgd`` keep a scale per block of the flat buffer)
-            or ``"none"`` (FSDP's own reduce-scatter, bit for bit).
+            or ``"none"`` (FSDP's own reduce-scatter, bit for bit); default
+            ``HIPRESS_ALGORITHM``, else ``casync.plan.DEFAULT_ALGORITHM`` (cgx).
         error_feedback: ``None`` = on for biased algorithms. Each rank keeps a residual
             of the part of each FSDP module's unsharded gradient that it sends, (N - 1) / N
             of its elements in float32; ``False`` saves that memory.
@@ -96,24 +98,28 @@ class FSDPState:
         reduce_scatter: whether the reduce-scatter is compressed (default: yes, but not
             inside an HSDP node, whose links are fast).
         topology: HSDP's replica all-reduce: ``ps``, ``ring`` or ``allgather``.
+        guard: the engine's rules (``casync.guard``): the first ``WARMUP_STEPS`` steps
+            take FSDP's own reduce-scatter; HSDP's replica all-reduce keeps row-sparse
+            shards uncompressed too.
         **codec_params: the algorithm's parameters (``bits=4`` for cgx).
     """
 
-    def __init__(self, algorithm: str = "cgx", error_feedback: bool | None = None,
+    def __init__(self, algorithm: str | None = None, error_feedback: bool | None = None,
                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
                  trace: bool = False, all_gather: str | None = None,
                  reduce_scatter: bool | None = None, topology: str = "ps",
-                 **codec_params: Any) -> None:
+                 guard: bool = True, **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
         if topology not in COMPRESSED:  # HSDP's mesh is already the two levels
             raise ConfigError(f"compress_fsdp's topology (HSDP's replica all-reduce) must be "
                               f"one of {', '.join(COMPRESSED)}, not {topology!r}")
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
-                                       timeout, trace=trace, **codec_params)
+                                       timeout, trace=trace, guard=guard, **codec_params)
         self.replica_options = _ReplicaOptions(algorithm, "static", topology, min_compress,
                                                error_feedback, timeout, trace=trace,
-                                               **codec_params)
-        self.algorithm = algorithm
+                                               guard=guard, **codec_params)
+        self.warmup = WARMUP_STEPS if guard else 0
+        self.algorithm = self.options.algorithm
         self.min_compress = min_compress
         self.all_gather = all_gather
         self.gather_codec = _gather_codec(all_gather)
@@ -229,7 +235,10 @@ class _Comm(DefaultReduceScatter):
         # The engine first, on every rank: its settings check runs before any collective,
         # so ranks that disagree (on min_compress too) fail with the field named.
         sync = state.synchronizer()
-        if not state.scatters or input_tensor.numel() < state.min_compress:
+        warming = state.steps < state.warmup
+        if warming:
+            state._begin()  # the step still ends, and counts
+        if not state.scatters or input_tensor.numel() < state.min_compress or warming:
             try:
                 return super().__call__(output_tensor, input_tensor, group, op, async_op)
             except RuntimeError as exc:
@@ -365,11 +374,11 @@ def _scale(op: Any, world: int) -> float:
                       "gradient divide factor at its default")
 
 
-def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
+def compress_fsdp(model: torch.nn.Module, algorithm: str | None = None, *,
                   all_gather: str | None = None, mesh: Any = None,
                   reduce_scatter: bool | None = None, topology: str = "ps",
                   error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
-                  timeout: float | None = None, trace: bool = False,
+                  timeout: float | None = None, trace: bool = False, guard: bool = True,
                   **codec_params: Any) -> FSDPState:
     """Compress FSDP2's gradient reduce-scatter with a CompLL algorithm.
 
@@ -383,7 +392,7 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
         mesh: HSDP's 2-D ``(replicate, shard)`` DeviceMesh: each reduced shard is then
             all-reduced across ``mesh["replicate"]`` through HiPress, compressed.
         algorithm, all_gather, reduce_scatter, topology, error_feedback, min_compress,
-            timeout, trace, **codec_params: see ``FSDPState``.
+            timeout, trace, guard, **codec_params: see ``FSDPState``.
 
     Returns:
         The ``FSDPState``: save ``state_dict()`` with each rank's checkpoint.
@@ -404,7 +413,7 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str = "cgx", *,
         >>> state = hp.compress_fsdp(model, algorithm="cgx", mesh=mesh)
     """
     state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, all_gather,
-                      reduce_scatter, topology, **codec_params)
+                      reduce_scatter, topology, guard, **codec_params)
     if mesh is not None:
         shard, state.replicate_group = _hsdp_groups(mesh)
         state.options.group, state.replica_options.group = shard, state.replicate_group

@@ -21,7 +21,9 @@ class HookState:
     """What ``comm_hook`` compresses with, and the engine it runs on.
 
     Args:
-        algorithm: a CompLL algorithm (``hipress.algorithms()``) or ``"none"``.
+        algorithm: a CompLL algorithm (``hipress.algorithms()``) or ``"none"``; default
+            ``HIPRESS_ALGORITHM`` (``hipress run --algorithm``), else HiPress's default
+            (``casync.plan.DEFAULT_ALGORITHM``).
         plan: ``"static"``: compress buffers of at least ``min_compress`` elements over
             ``topology``; ``"auto"``: choose per tensor from costs profiled on this
             group at start-up (compress or not, topology, partitions).
@@ -34,21 +36,24 @@ class HookState:
         trace: record where each step's time goes (``take_trace``; ``hipress bench train
             --breakdown``): the hook's calls, the wait at the end of backward and every
             engine task.
+        guard: the engine's rules on top of the plan (``casync.guard``): the first steps
+            uncompressed, and gradients that were mostly exact zeros then (embeddings)
+            never compressed. ``False``: compress what the plan says from the first step.
         **codec_params: the algorithm's parameters (e.g. ``ratio=0.001`` for dgc).
 
     Example:
         >>> ddp.register_comm_hook(hp.HookState(algorithm="dgc", ratio=0.01), hp.comm_hook)
     """
 
-    def __init__(self, algorithm: str = "onebit", plan: str = "static", topology: str = "ps",
-                 error_feedback: bool | None = None, min_compress: int = MIN_COMPRESS,
-                 timeout: float | None = None, trace: bool = False,
-                 **codec_params: Any) -> None:
+    def __init__(self, algorithm: str | None = None, plan: str = "static",
+                 topology: str = "ps", error_feedback: bool | None = None,
+                 min_compress: int = MIN_COMPRESS, timeout: float | None = None,
+                 trace: bool = False, guard: bool = True, **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
         self.options = core.EngineOptions(algorithm, plan, topology, min_compress,
-                                          error_feedback, timeout, trace=trace,
+                                          error_feedback, timeout, trace=trace, guard=guard,
                                           **codec_params)
-        self.algorithm = algorithm
+        self.algorithm = self.options.algorithm
         self.plan = plan
         self.topology = topology
         # internal state, created on the first bucket (the process group exists by then)

@@ -117,22 +117,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horovod's name
                          named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
-                         algorithm: str = "onebit", backward_passes_per_step: int = 1,
+                         algorithm: str | None = None, backward_passes_per_step: int = 1,
                          topology: str = "ps", error_feedback: bool | None = None,
                          min_compress: int = MIN_COMPRESS, timeout: float | None = None,
-                         plan: str = "static", **codec_params: Any) -> torch.optim.Optimizer:
+                         plan: str = "static", guard: bool = True,
+                         **codec_params: Any) -> torch.optim.Optimizer:
     """Wrap an optimizer so gradients are averaged across ranks as backward produces them.
 
     Args:
         optimizer: any ``torch.optim.Optimizer``; its class and hyper-parameters are kept.
         named_parameters: ``model.named_parameters()``; names key error feedback and
             must match across ranks.
-        algorithm: a CompLL algorithm or ``"none"``.
+        algorithm: a CompLL algorithm or ``"none"``; default ``HIPRESS_ALGORITHM``, else
+            HiPress's default (``casync.plan.DEFAULT_ALGORITHM``).
         backward_passes_per_step: local gradient accumulation before each sync.
         min_compress: gradients (or buckets of small ones) under this many elements go
             through a plain allreduce.
         plan: ``"static"`` (``topology`` and ``min_compress``) or ``"auto"`` (the
             cost-model planner on costs profiled once on this group).
+        guard: the engine's rules on top of the plan (``casync.guard``): the first steps
+            uncompressed, row-sparse gradients (embeddings) never compressed.
         topology, error_feedback, timeout, **codec_params: as for ``casync.Synchronizer``.
 
     Returns:
@@ -155,5 +159,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     options = core.EngineOptions(algorithm, plan, topology, min_compress, error_feedback,
-                                 timeout, **codec_params)
+                                 timeout, guard=guard, **codec_params)
     return cls(optimizer.param_groups, named, backward_passes_per_step, options)

@@ -132,3 +132,28 @@ def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo):
     and fresh processes that resume from it for 6 more: the same weights to the bit on
     every rank."""
     resumed_bit_for_bit("mx_checkpoint", tmp_path, {"algo": algo, "mode": mode}, script=SCENARIOS)
+
+
+def test_the_kernels_follow_mxnets_openmp_threads():
+    """hipress.mxnet makes the kernels follow MXNet's OpenMP setting (which it reads
+    from the environment at start-up), capped by the cores' share."""
+    import json
+    import os
+    import subprocess
+
+    code = ("import json, hipress, hipress.mxnet\n"
+            "t = hipress.threads()\n"
+            "print(json.dumps([t.source, t.count, t.cap]))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HIPRESS_THREADS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE", "OMP_NUM_THREADS",
+                        "MXNET_OMP_MAX_THREADS")}
+    results = []
+    for extra in ({}, {"OMP_NUM_THREADS": "1"}):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**env, **extra}, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.splitlines()[-1]))
+    (unset_source, unset, cap), (set_source, one, _) = results
+    assert unset_source == "cores" and unset == cap
+    assert set_source.startswith("MXNet's OMP_NUM_THREADS") and one == 1

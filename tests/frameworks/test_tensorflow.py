@@ -129,3 +129,27 @@ def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo):
     and fresh processes that resume from it for 6 more: the same weights to the bit on
     every rank."""
     resumed_bit_for_bit("tf_checkpoint", tmp_path, {"algo": algo, "mode": mode}, script=SCENARIOS)
+
+
+def test_the_kernels_follow_tensorflows_intra_op_threads():
+    """hipress.tensorflow makes the kernels follow TensorFlow's setting (a fresh process:
+    TensorFlow takes it only before its runtime starts), capped by the cores' share."""
+    import json
+    import os
+    import subprocess
+
+    code = ("import json, tensorflow as tf, hipress, hipress.tensorflow\n"
+            "before = hipress.threads()\n"
+            "tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+            "after = hipress.threads()\n"
+            "print(json.dumps([before.source, before.count, after.source, after.count, "
+            "after.cap]))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HIPRESS_THREADS", "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE",
+                        "OMPI_COMM_WORLD_LOCAL_SIZE")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before_source, before, after_source, after, cap = json.loads(proc.stdout.splitlines()[-1])
+    assert before_source == "cores" and before == cap  # TF's default 0: the cores' share
+    assert after_source.startswith("tf.config.threading") and after == 1
