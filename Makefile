@@ -20,16 +20,20 @@ venv: $(STAMP)
 venv-tf: $(TF_STAMP)
 venv-mx: $(MX_STAMP)
 
+# setuptools announces, in a framed page, that an editable install imports from this
+# checkout: that is what a development environment is for.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,cuda]'
+	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[dev,cuda]'
 	touch $(STAMP)
 
 $(TF_STAMP): $(DEPS)
 	test -x $(TF_VENV)/bin/python || $(PYTHON) -m venv $(TF_VENV)
 	$(TF_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(TF_VENV)/bin/python -m pip install --quiet -e '.[dev,tf]'
+	$(EDITABLE) $(TF_VENV)/bin/python -m pip install --quiet -e '.[dev,tf]'
 	touch $(TF_STAMP)
 
 # MXNet 1.9.1 imports only with NumPy 1.23.5, under HiPress's own floor: install the
@@ -40,7 +44,7 @@ $(MX_STAMP): $(DEPS)
 	$(MX_VENV)/bin/python -m pip install --quiet 'mxnet==1.9.1' 'numpy==1.23.5' \
 		'torch==2.13.*' 'jinja2>=3.1' 'lark>=1.1.9,<2' 'rich>=13' matplotlib \
 		scikit-learn 'pytest>=8'
-	$(MX_VENV)/bin/python -m pip install --quiet --no-deps -e .
+	$(EDITABLE) $(MX_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	touch $(MX_STAMP)
 
 test: test-core test-tf test-mx
