@@ -186,7 +186,7 @@ def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bandwidth", type=rate, default="1gbit", help="link rate per rank")
     p.add_argument("--algorithm", type=algorithm, default=None,
                    help="default: what HookState() gives a user who chooses none")
-    p.add_argument("--epochs", type=count(1), default=2)
+    p.add_argument("--epochs", type=count(1), default=3)
     p.add_argument("--width", type=count(1), default=2048, help="MLP hidden width")
     p.add_argument("--batch", type=count(1), default=16, help="samples per rank per step")
     p.add_argument("--lr", type=number(above=0), default=0.05)

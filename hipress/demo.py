@@ -79,7 +79,7 @@ def _repo_file(*parts: str) -> Path:
 
 
 def run_training_demo(ranks: int = 4, bandwidth: str = "1gbit", algorithm: str | None = None,
-                      epochs: int = 2, width: int = 2048, batch: int = 16, lr: float = 0.05,
+                      epochs: int = 3, width: int = 2048, batch: int = 16, lr: float = 0.05,
                       shaped: bool = False, out: Path | None = None) -> int:
     """Train examples/torch_train.py twice — plain DDP, then HiPress — and compare.
 
