@@ -1256,14 +1256,14 @@ int64_t merge_encode_batch(EncItem* items, uint64_t count, uint32_t seed, int co
                      });
   if (*bad >= 0) return -1;
   int64_t first = -1;
-  std::mutex failed;
+  Lock failed;
   for_segments(count, [&](uint64_t i) { return items[i].n; }, [&](uint64_t i) {
     EncItem& it = items[i];
     char e[512];
     auto go = [&](const Settle& pre) { encode_item(it, seed, enc, settled, dec, pre); };
     if (merged(ps[i], sizes[i], it, go, e, (uint64_t)sizeof e)) {
       it.size = -1;
-      std::lock_guard<std::mutex> lock(failed);
+      Held held(failed);
       if (first < 0 || (int64_t)i < first) {
         first = (int64_t)i;
         std::snprintf(err, errcap, "%s", e);
@@ -1294,7 +1294,7 @@ int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale
     if (unframed >= 0) return unframed;
   }
   int64_t bad = -1;
-  std::mutex failed;
+  Lock failed;
   // accumulate == SCALE_SUM: add, then scale the sum (the mean of an allgather's payloads)
   const int acc = accumulate == SCALE_SUM ? 1 : accumulate;
   const float once = accumulate == SCALE_SUM ? 1.0f : scale;
@@ -1307,7 +1307,7 @@ int64_t decode_batch(DecItem* items, uint64_t count, int accumulate, float scale
       parallel_for((int64_t)it.n, [&](int64_t j) { o[j] = o[j] * scale; }, it.n >= BATCH_SMALL);
     }
     if (rc) {
-      std::lock_guard<std::mutex> lock(failed);
+      Held held(failed);
       if (bad < 0 || (int64_t)i < bad) {
         bad = (int64_t)i;
         std::snprintf(err, errcap, "%s", e);
