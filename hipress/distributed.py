@@ -184,11 +184,16 @@ class EngineOptions:
                 self.error_feedback, self.timeout, self.guard,
                 tuple(sorted(self.params.items())))
 
+    #: the Gloo group the engine runs on (None: the plugin's, every rank): HSDP's
+    #: replicas, DiLoCo's
+    group: Any = None
+
     def engine(self) -> Any:
-        """A ``Synchronizer`` with these options on the plugin's group (joins it first)."""
+        """A ``Synchronizer`` with these options on ``group`` (joins the job first)."""
         if not is_initialized():
             init()
-        return synchronizer(self.algorithm, topology=self.topology, plan=self.plan,
+        return synchronizer(self.algorithm, group=self.group, topology=self.topology,
+                            plan=self.plan,
                             min_compress=self.min_compress,
                             error_feedback=self.error_feedback, timeout=self.timeout,
                             trace=self.trace, guard=self.guard, **self.params)

@@ -52,27 +52,12 @@ class _ScatterOptions(core.EngineOptions):
     plans every buffer it is given as a compressed reduce-scatter (smaller ones never
     reach it, see ``_Comm``)."""
 
-    group: Any = None
-
     def engine(self) -> Any:
         if not core.is_initialized():
             core.init()
         planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm, SCATTER,
                                 min_compress=self.min_compress, **self.params)
         return core.synchronizer(self.algorithm, group=self.group, planner=planner,
-                                 error_feedback=self.error_feedback, timeout=self.timeout,
-                                 trace=self.trace, **self.params)
-
-
-class _ReplicaOptions(core.EngineOptions):
-    """HSDP's: an allreduce engine (static plan over ``topology``) on the replicas'
-    ``group``."""
-
-    group: Any = None
-
-    def engine(self) -> Any:
-        return core.synchronizer(self.algorithm, group=self.group, topology=self.topology,
-                                 plan=self.plan, min_compress=self.min_compress,
                                  error_feedback=self.error_feedback, timeout=self.timeout,
                                  trace=self.trace, **self.params)
 
@@ -115,9 +100,10 @@ class FSDPState:
                               f"one of {', '.join(COMPRESSED)}, not {topology!r}")
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
                                        timeout, trace=trace, guard=guard, **codec_params)
-        self.replica_options = _ReplicaOptions(algorithm, "static", topology, min_compress,
-                                               error_feedback, timeout, trace=trace,
-                                               guard=guard, **codec_params)
+        # HSDP's: an allreduce engine (static plan over ``topology``) on the replicas' group
+        self.replica_options = core.EngineOptions(algorithm, "static", topology, min_compress,
+                                                  error_feedback, timeout, trace=trace,
+                                                  guard=guard, **codec_params)
         self.warmup = WARMUP_STEPS if guard else 0
         self.algorithm = self.options.algorithm
         self.min_compress = min_compress
