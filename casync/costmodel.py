@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from compll import codec as make_codec
+from compll.codec import codec as make_codec
 from hipress.errors import ConfigError
 
 __all__ = ["Cost", "Linear", "CostModel", "payload_bytes"]

@@ -21,6 +21,10 @@ reached.
   fp16       DDP with torch's fp16 compression hook
   local      no averaging: every rank trains alone (the compute a step costs, for
              --breakdown's reference)
+  diloco     hipress.torch.DiLoCo: every rank a replica that trains alone and averages
+             pseudo-gradients every --sync-every steps (--algorithm none: float32;
+             --fragments and --delay: Streaming DiLoCo); held-out scores are the global
+             model's
 --breakdown records where each step's time goes (forward, backward, optimizer; with the
 hook also its calls, the wait at backward's end, codec and wire time, the overlap with
 backward: hipress.breakdown) and, after training, the engine's own sync time for the same
@@ -41,6 +45,7 @@ agent, a job whose rank died restarts and continues where it left off.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -95,14 +100,14 @@ class ResNet(nn.Module):
         return self.fc(self.blocks(x).mean((2, 3)))
 
 
-def make_model(width: int, kind: str = "mlp") -> nn.Module:
+def make_model(width: int, kind: str = "mlp", layers: int = 6) -> nn.Module:
     """``mlp``: 64 -> width -> width -> 10; ``resnet``: ``ResNet(channels=width)``;
-    ``transformer``: ``GPT(dim=width)``."""
+    ``transformer``: ``GPT(dim=width, layers=layers)``."""
     torch.manual_seed(0)
     if kind == "resnet":
         return ResNet(width)
     if kind == "transformer":
-        return GPT(vocab=VOCAB, dim=width)
+        return GPT(vocab=VOCAB, dim=width, layers=layers)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
                          nn.Linear(width, 10))
 
@@ -174,6 +179,17 @@ def wrap(model: nn.Module, args: argparse.Namespace) -> tuple[nn.Module, torch.o
         torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, fused=True)
     if args.sync == "local":
         return model, opt, None
+    if args.sync == "diloco":
+        outer = None  # hp.DiLoCo's default unless the command line names one
+        if args.outer_lr is not None or args.outer_momentum is not None:
+            momentum = hp.diloco.OUTER_MOMENTUM if args.outer_momentum is None \
+                else args.outer_momentum
+            outer = torch.optim.SGD(model.parameters(), momentum=momentum,
+                                    lr=hp.diloco.OUTER_LR if args.outer_lr is None
+                                    else args.outer_lr, nesterov=momentum > 0)
+        return model, opt, hp.DiLoCo(model, opt, args.sync_every, outer_optimizer=outer,
+                                     fragments=args.fragments,
+                                     fragment_sync_delay=args.delay, **_chosen(args))
     if args.sync == "optimizer":
         chosen = _chosen(args)
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
@@ -245,7 +261,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sync", default="hook",
-                        choices=["hook", "optimizer", "ddp", "powersgd", "fp16", "local"])
+                        choices=["hook", "optimizer", "ddp", "powersgd", "fp16", "local",
+                                 "diloco"])
+    parser.add_argument("--sync-every", type=int, default=20,
+                        help="--sync diloco: H, inner steps between outer synchronizations")
+    parser.add_argument("--fragments", type=int, default=1,
+                        help="--sync diloco: Streaming DiLoCo's fragments")
+    parser.add_argument("--delay", type=int, default=0,
+                        help="--sync diloco: inner steps a fragment's averaging overlaps")
+    parser.add_argument("--outer-lr", type=float, default=None,
+                        help="--sync diloco: the outer SGD's learning rate (default: "
+                             "hp.DiLoCo's)")
+    parser.add_argument("--outer-momentum", type=float, default=None,
+                        help="--sync diloco: its Nesterov momentum (0: plain SGD)")
     parser.add_argument("--powersgd-rank", type=int, default=4,
                         help="--sync powersgd: the rank of its approximation")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"],
@@ -268,6 +296,7 @@ def main() -> None:
                         help="hidden width (params ~ w^2); resnet: channels; transformer: "
                              "model dimension (default 2048 for the mlp, 128 for the resnet, "
                              "384 for the transformer)")
+    parser.add_argument("--layers", type=int, default=6, help="the transformer's blocks")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps")
     parser.add_argument("--warmup", type=int, default=3,
@@ -331,9 +360,13 @@ def main() -> None:
         local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-    model, opt, reporter = wrap(make_model(args.width, args.model).to(device), args)
+    model, opt, reporter = wrap(make_model(args.width, args.model, args.layers).to(device),
+                                args)
     hp.broadcast_parameters(model.state_dict(), root_rank=0)
     hook = reporter if isinstance(reporter, hp.HookState) else None
+    diloco = reporter if isinstance(reporter, hp.DiLoCo) else None
+    # the global model: each replica's own drifts between synchronizations
+    weights = diloco.global_weights if diloco is not None else contextlib.nullcontext
     if hook is not None:  # the engine, and the kernels it compiles on a first run, now:
         hook.synchronizer()  # not inside the first timed step
     first = checkpoints.resume(args.checkpoint, rank, model, opt, hook) if args.checkpoint else 0
@@ -347,8 +380,8 @@ def main() -> None:
 
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    label = f"{args.sync} {args.algorithm or 'default'}" if args.sync in ("hook", "optimizer") \
-        else args.sync
+    label = f"{args.sync} {args.algorithm or 'default'}" \
+        if args.sync in ("hook", "optimizer", "diloco") else args.sync
     progress = Progress(TextColumn(f"[bold]{label}"),
                         BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
                         TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(),
@@ -367,7 +400,8 @@ def main() -> None:
         nonlocal paused
         begin = time.perf_counter()
         seconds = clock()
-        score = torch.tensor(data.evaluate(model, device), dtype=torch.float64)
+        with weights():
+            score = torch.tensor(data.evaluate(model, device), dtype=torch.float64)
         dist.broadcast(score, 0)  # every rank resumes together, with rank 0's score
         loss, accuracy = (float(v) for v in score)
         evals.append((seconds, step, loss, accuracy))
@@ -380,7 +414,7 @@ def main() -> None:
     start = time.perf_counter()
     sent0 = bytes_sent(reporter)
     step = first
-    with progress:
+    with progress, diloco if diloco is not None else contextlib.nullcontext():
         task = progress.add_task("train", total=total, completed=step, loss=float("nan"))
         while step < total:
             xb, yb = (t.to(device) for t in data.batch(step, rank))
@@ -418,7 +452,8 @@ def main() -> None:
     steady_s = elapsed - (losses[warm - 1][0] if warm > 0 else 0.0)
     accuracy = evals[-1][3]
     # Replicas must agree: compare a checksum of the parameters across ranks.
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
+    with weights():
+        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
     sums = [torch.zeros(2, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(sums, torch.tensor([float(flat.double().sum()),
                                         float(flat.double().abs().sum())], dtype=torch.float64))
@@ -435,6 +470,11 @@ def main() -> None:
               "threads": {"torch": torch.get_num_threads(), "kernels": str(hipress.threads())},
               "replicas_identical": identical, "bandwidth": args.bandwidth, "losses": losses,
               "device": str(device)}
+    if diloco is not None:
+        result["diloco"] = {"syncs": diloco.syncs, "outer_s": diloco.outer_seconds,
+                            "waited_s": diloco.waited_seconds, "hidden": diloco.hidden,
+                            "sync_every": args.sync_every, "fragments": args.fragments,
+                            "delay": args.delay}
     if args.breakdown:
         result["breakdown"] = allgather_object(_medians(steps_ms[warm:]))
         if reporter is not None and args.sync in ("hook", "optimizer"):

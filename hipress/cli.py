@@ -137,8 +137,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("rest", nargs=argparse.REMAINDER, help=f"see hipress {name} --help")
         p.set_defaults(func=func)
     p = sub.add_parser("bench", help="run a benchmark from bench/ "
-                                     "(kernels, sync, validate, train, fsdp, simulate)")
-    p.add_argument("which", choices=["kernels", "sync", "validate", "train", "fsdp", "simulate"])
+                                     "(kernels, sync, validate, train, fsdp, diloco, "
+                                     "simulate)")
+    p.add_argument("which", choices=["kernels", "sync", "validate", "train", "fsdp", "diloco",
+                                     "simulate"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
     _demo_args(sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then "
