@@ -63,6 +63,7 @@ BAD_ARGUMENTS = [
     ["bench", "sync", "--steps", "0"], ["bench", "sync", "--scale", "-1"],
     ["bench", "train", "--lr", "-1"], ["bench", "validate", "--ranks", "1"],
     ["bench", "simulate", "--nodes", "0"], ["bench", "nosuch"],
+    ["bench", "diloco", "--ranks", "1"], ["bench", "diloco", "--delay", "-1"],
     ["compile", str(ROOT / "dsl" / "dgc.cll"), "-p", "ratio"],
 ]
 
