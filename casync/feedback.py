@@ -127,7 +127,8 @@ class ErrorFeedback:
     def load_state_dict(self, state: dict[Hashable, np.ndarray]) -> None:
         """Replace the residuals with ``state``'s (from ``state_dict``)."""
         self._kept.clear()
-        self._residuals = {key: np.array(r, dtype=np.float32, order="C", copy=True).reshape(-1)
+        self._residuals = {key: np.array(np.asarray(r), dtype=np.float32, order="C",
+                                         copy=True).reshape(-1)
                            for key, r in state.items()}
         self.version = next(_versions)
 

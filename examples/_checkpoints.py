@@ -34,7 +34,7 @@ def newest(folder: Path, rank: int) -> tuple[int, dict[str, Any] | None]:
     if not everyone:
         return 0, None
     step = max(everyone)
-    return step, torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=False)
+    return step, torch.load(folder / f"rank{rank}-step{step:07d}.pt", weights_only=True)
 
 
 def save_training(folder: Path, rank: int, step: int, model: Any, opt: Any,

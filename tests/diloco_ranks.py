@@ -69,7 +69,7 @@ def train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         _record(diloco, arrays)
     start = args.get("start", 0)
     if "load" in args:
-        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=False)
+        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=True)
         model.load_state_dict(saved["model"])
         inner.load_state_dict(saved["inner"])
         if diloco is not None:

@@ -98,7 +98,7 @@ def train(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     opt = torch.optim.SGD(model.parameters(), lr=args.get("lr", 0.002))
     start = args.get("start", 0)
     if "load" in args:
-        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=False)
+        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=True)
         with torch.no_grad():
             for p, local in zip(model.parameters(), saved["params"], strict=True):
                 p.to_local().copy_(local)

@@ -993,7 +993,7 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       algorithm=algo, topology=topology)
     if args.get("load"):
-        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=False)
+        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=True)
         model.load_state_dict(saved["model"])
         if args.get("reset"):  # the optimizer and model only, as before HiPress had state
             saved["opt"].pop("hipress", None)

@@ -46,6 +46,8 @@ from casync.settings import agree, default_timeout
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
+from .state import plain
+
 __all__ = ["DiLoCo", "OUTER_LR", "OUTER_MOMENTUM", "DEFAULT_ALGORITHM", "DEFAULT_PARAMS"]
 
 #: the outer optimizer when none is given: SGD with these, i.e. the replicas' plain average
@@ -339,7 +341,7 @@ class DiLoCo:
         return {"format": FORMAT, "step": self.step, "syncs": self.syncs,
                 "globals": [g.clone() for g in self.globals],
                 "outer": self.outer_optimizer.state_dict(),
-                "engine": self.engine.state_dict(),
+                "engine": plain(self.engine.state_dict()),
                 "pending": None if pending is None else {
                     "fragment": pending.fragment, "sent": pending.sent, "due": pending.due,
                     "deltas": [d.clone() for d in pending.deltas]}}

@@ -41,6 +41,8 @@ from compll.ir import LengthKind
 from hipress import distributed as core
 from hipress.errors import ConfigError, SyncError
 
+from .state import plain
+
 #: ``all_gather=`` shorthands: ZeRO++'s symmetric blockwise quantization (qwZ: int8)
 GATHER_CODECS = {"int8": ("zeropp", {"bits": 8}), "int4": ("zeropp", {"bits": 4})}
 
@@ -153,8 +155,8 @@ class FSDPState:
             >>> torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
             ...             "hipress": state.state_dict()}, f"ckpt-rank{rank}.pt")
         """
-        return {"steps": self.steps, "engine": self._engine.state_dict(),
-                "replicas": self._replica_engine.state_dict()}
+        return {"steps": self.steps, "engine": plain(self._engine.state_dict()),
+                "replicas": plain(self._replica_engine.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
         """Continue from ``state_dict()`` of the same rank and world size, now or at the

@@ -13,6 +13,8 @@ from hipress import distributed as core
 from hipress.breakdown import StepTrace
 from hipress.errors import HiPressError
 
+from .state import plain
+
 __all__ = ["HookState", "comm_hook"]
 
 
@@ -81,7 +83,7 @@ class HookState:
             >>> torch.save({"model": ddp.state_dict(), "opt": opt.state_dict(),
             ...             "hipress": hook_state.state_dict()}, f"ckpt-rank{rank}.pt")
         """
-        return {"steps": self.steps, "engine": self._engine.state_dict()}
+        return {"steps": self.steps, "engine": plain(self._engine.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any], reset_residuals: bool = False) -> None:
         """Continue from ``state_dict()`` (of the same rank and world size; see

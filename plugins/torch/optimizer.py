@@ -11,6 +11,8 @@ from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
+from .state import plain
+
 __all__ = ["DistributedOptimizer"]
 
 
@@ -93,7 +95,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """The wrapped optimizer's state, with HiPress's (residuals, step, plan) under
         ``"hipress"``: ``torch.save(opt.state_dict())`` keeps both. Each rank saves its own."""
         state = super(self.__class__, self).state_dict()  # type: ignore[misc]
-        state["hipress"] = self._sync.state_dict()
+        state["hipress"] = plain(self._sync.state_dict())
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any], reset_residuals: bool = False) -> None:
