@@ -27,7 +27,7 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 $(STAMP): $(DEPS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[dev,cuda]'
+	$(EDITABLE) $(BIN)/python -m pip install --quiet -e '.[dev,cuda,trainers]'
 	touch $(STAMP)
 
 $(TF_STAMP): $(DEPS)

@@ -992,13 +992,23 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
     else:
         opt = hp.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       algorithm=algo, topology=topology)
+    # one_file: rank 0 writes one checkpoint with every rank's HiPress state, as
+    # Lightning, Accelerate and Trainer do; every rank reads it
+    one_file = args.get("one_file")
+    hipress_obj: Any = hp.AllRanksState(state if state is not None else opt)
     if args.get("load"):
-        saved = torch.load(Path(args["load"]) / f"rank{rank}.pt", weights_only=True)
+        name = "all.pt" if one_file else f"rank{rank}.pt"
+        saved = torch.load(Path(args["load"]) / name, weights_only=True)
         model.load_state_dict(saved["model"])
+        if one_file:
+            hipress_obj.load_state_dict(saved["hipress"])
+            if state is None:  # the optimizer's whole state came with its HiPress part
+                saved["opt"] = None
         if args.get("reset"):  # the optimizer and model only, as before HiPress had state
             saved["opt"].pop("hipress", None)
-        opt.load_state_dict(saved["opt"])
-        if state is not None and not args.get("reset"):
+        if saved["opt"] is not None:
+            opt.load_state_dict(saved["opt"])
+        if state is not None and not args.get("reset") and not one_file:
             state.load_state_dict(saved["hook"])
     x, y = _digits()
     for step in range(args["start"], args["start"] + args["steps"]):
@@ -1009,9 +1019,16 @@ def torch_checkpoint(args: dict[str, Any], rank: int, out: Path) -> dict[str, An
         if args.get("save") and step + 1 == args["save_at"]:
             folder = Path(args["save"])
             folder.mkdir(parents=True, exist_ok=True)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                        "hook": state.state_dict() if state is not None else None},
-                       folder / f"rank{rank}.pt")
+            if one_file:
+                gathered = hipress_obj.state_dict()  # every rank takes part
+                if rank == 0:
+                    torch.save({"model": model.state_dict(), "hipress": gathered,
+                                "opt": opt.state_dict() if state is not None else None},
+                               folder / "all.pt")
+            else:
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                            "hook": state.state_dict() if state is not None else None},
+                           folder / f"rank{rank}.pt")
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     np.savez(out / f"rank{rank}.npz", params=flat.numpy())
     return {}

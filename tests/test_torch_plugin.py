@@ -453,6 +453,18 @@ def test_a_resumed_job_continues_bit_for_bit(tmp_path, mode, algo, topology):
 
 
 @pytest.mark.parallel
+@pytest.mark.parametrize("mode", ["hook", "optimizer"])
+def test_one_file_from_rank_0_resumes_every_rank_bit_for_bit(tmp_path, mode):
+    """Rank 0 writes the one checkpoint (as Lightning, Accelerate and Trainer do) with
+    ``hp.AllRanksState`` holding every rank's HiPress state; every rank of the fresh job
+    reads that file with torch's default ``weights_only=True`` and takes its own part."""
+    ranks.resumed_bit_for_bit("torch_checkpoint", tmp_path,
+                              {"algo": "onebit", "mode": mode, "topology": "ps",
+                               "one_file": True})
+    assert not list((tmp_path / "ckpt").glob("rank*.pt"))
+
+
+@pytest.mark.parallel
 def test_a_job_whose_rank_died_restarts_from_its_checkpoint(tmp_path):
     """``hipress run --max-restarts 1``: rank 1 dies after step 25 of 40; torchrun's agent
     restarts both ranks, which resume from the step-20 checkpoint and finish."""

@@ -37,9 +37,10 @@ from .fsdp import FSDPState, compress_fsdp  # noqa: E402
 from .functions import broadcast_optimizer_state, broadcast_parameters  # noqa: E402
 from .hooks import HookState, comm_hook  # noqa: E402
 from .optimizer import DistributedOptimizer  # noqa: E402
+from .state import AllRanksState  # noqa: E402
 
 __all__ = [
     "init", "is_initialized", "rank", "size", "local_rank", "local_size", "shutdown",
     "HookState", "comm_hook", "DistributedOptimizer", "broadcast_parameters",
-    "broadcast_optimizer_state", "compress_fsdp", "FSDPState", "DiLoCo",
+    "broadcast_optimizer_state", "compress_fsdp", "FSDPState", "DiLoCo", "AllRanksState",
 ]

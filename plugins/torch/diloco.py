@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
@@ -103,6 +104,7 @@ class DiLoCo:
         fragment_update_alpha: how much of the local value a landing fragment keeps
             (module docstring).
         algorithm: the pseudo-gradients' CompLL codec, or ``"none"`` (float32); default
+            ``HIPRESS_ALGORITHM`` (``hipress run --algorithm``) if set, else
             ``DEFAULT_ALGORITHM`` with ``DEFAULT_PARAMS``.
         error_feedback: ``None`` = on for biased codecs.
         topology: ``ps``, ``ring`` or ``allgather``.
@@ -159,7 +161,9 @@ class DiLoCo:
             raise ConfigError(f"fragment_sync_delay ({self.fragment_sync_delay}) must be "
                               f"below sync_every / fragments ({self.sync_every // count}): "
                               "a fragment lands before the next one leaves")
-        if algorithm is None:
+        if algorithm is None and os.environ.get("HIPRESS_ALGORITHM", "").strip():
+            algorithm = os.environ["HIPRESS_ALGORITHM"].strip()  # hipress run --algorithm
+        elif algorithm is None:
             algorithm, codec_params = DEFAULT_ALGORITHM, {**DEFAULT_PARAMS, **codec_params}
         options = core.EngineOptions(algorithm, "static", topology,
                                      min_compress, error_feedback, timeout, guard=guard,
