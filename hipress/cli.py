@@ -138,9 +138,9 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
     p = sub.add_parser("bench", help="run a benchmark from bench/ "
                                      "(kernels, sync, validate, train, fsdp, diloco, "
-                                     "simulate)")
+                                     "trainers, simulate)")
     p.add_argument("which", choices=["kernels", "sync", "validate", "train", "fsdp", "diloco",
-                                     "simulate"])
+                                     "trainers", "simulate"])
     p.add_argument("rest", nargs=argparse.REMAINDER, help="the benchmark's own options")
     p.set_defaults(func=_cmd_bench)
     _demo_args(sub.add_parser("demo", help="train on 4 local ranks with plain DDP, then "

@@ -208,11 +208,13 @@ def run_on_hosts(hosts: Sequence[Host], command: Sequence[str],
     base = dict(os.environ if env is None else env)
     procs = []
     try:
+        nodes = list(dict.fromkeys(h.addr for h in hosts))
         for rank, host in enumerate(hosts):
             node = [h for h in hosts if h.addr == host.addr]
             local_rank = sum(1 for h in hosts[:rank] if h.addr == host.addr)
             worker_env = dict(base, RANK=str(rank), WORLD_SIZE=str(len(hosts)),
                               LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(len(node)),
+                              GROUP_RANK=str(nodes.index(host.addr)),
                               MASTER_ADDR=hosts[0].addr, MASTER_PORT=port,
                               GLOO_SOCKET_IFNAME=host.ifname)
             procs.append(subprocess.Popen([*host.prefix, *command], env=worker_env))

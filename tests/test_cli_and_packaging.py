@@ -64,6 +64,7 @@ BAD_ARGUMENTS = [
     ["bench", "train", "--lr", "-1"], ["bench", "validate", "--ranks", "1"],
     ["bench", "simulate", "--nodes", "0"], ["bench", "nosuch"],
     ["bench", "diloco", "--ranks", "1"], ["bench", "diloco", "--delay", "-1"],
+    ["bench", "trainers", "--steps", "3"], ["bench", "trainers", "--frameworks", "keras"],
     ["compile", str(ROOT / "dsl" / "dgc.cll"), "-p", "ratio"],
 ]
 
