@@ -38,7 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from bench.train import loss_at, smoothed, target_loss, time_to  # noqa: E402
+from bench._report import write_json  # noqa: E402
+from bench.train import loss_at, plot_curve, target_loss, time_to  # noqa: E402
 from hipress.cliargs import Parser, count, number, rate  # noqa: E402
 from hipress.launcher import run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -167,18 +168,14 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
                 f"{r['bytes_per_step'] / 1e3:.1f}" if r["bytes_per_step"] else "-",
                 f"{outer['hidden']:.0%}" if outer else "-",
                 "yes" if r["replicas_identical"] else "NO")
-            t, _, loss = zip(*smoothed(r["evals"]), strict=True)
-            ax.plot(t, loss, marker=".", label=f"{r['method']}: "
-                    + (f"{reach:.0f} s" if reach is not None else "never"))
+            plot_curve(ax, r)
         make_console(140).print(table)
         ax.axhline(target, color="gray", linewidth=0.5)
         ax.set_title(f"{bandwidth}, {args.ranks} replicas", fontsize=10)
         ax.set_xlabel("training seconds (scoring left out)")
         ax.set_ylabel("held-out loss (mean of 3 scores)")
         ax.legend(fontsize=8)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "links": results}, indent=2))
+    write_json(args, links=results)
     fig.tight_layout()
     fig.savefig(args.out.with_suffix(".png"), dpi=120)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench._report import write_json  # noqa: E402
 from hipress.cliargs import Parser, add_nodes, count, nodes_of, rate  # noqa: E402
 from hipress.launcher import run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -157,8 +158,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
                       f"{sent / 1e6:.2f}" if sent else "-",
                       "yes" if r["identical"] else "NO")
     make_console(120).print(table)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "methods": rows}, indent=2))
+    write_json(args, methods=rows)
     print(f"wrote {args.out}")
 
 

@@ -49,10 +49,12 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench._report import write_json  # noqa: E402
 from hipress.breakdown import COLUMNS  # noqa: E402
 from hipress.cliargs import Parser, add_nodes, count, nodes_of, number, rate  # noqa: E402
 from hipress.launcher import run, run_shaped  # noqa: E402
@@ -203,6 +205,15 @@ def loss_at(step: int, evals: list[list[float]]) -> float | None:
     return next((loss for _, at, loss in smoothed(evals) if at == step), None)
 
 
+def plot_curve(ax: Any, r: dict) -> None:
+    """``r``'s smoothed held-out loss against training seconds, labelled with its
+    ``time_to_target_s``."""
+    t, _, loss = zip(*smoothed(r["evals"]), strict=True)
+    reach = r["time_to_target_s"]
+    ax.plot(t, loss, marker=".", label=f"{r['method']}: "
+            + (f"{reach:.0f} s" if reach is not None else "never"))
+
+
 def select_methods(requested: list[str], network: str) -> list[str]:
     """The methods to run, in order: plain DDP first, since every target and ratio is
     its."""
@@ -232,19 +243,14 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
         if args.breakdown:
             make_console(150).print(_breakdown(model, rows))
         for r in trained:
-            t, _, loss = zip(*smoothed(r["evals"]), strict=True)
-            reach = r["time_to_target_s"]
-            ax.plot(t, loss, marker=".", label=f"{r['method']}: "
-                    + (f"{reach:.0f} s" if reach is not None else "never"))
+            plot_curve(ax, r)
         ax.axhline(target, color="gray", linewidth=0.5)
         ax.set_title(f"{model}: {ddp['params']:,} parameters, {ddp['tensors']} tensors, "
                      f"{args.ranks} ranks, {args.bandwidth}", fontsize=10)
         ax.set_xlabel("training seconds (scoring left out)")
         ax.set_ylabel(f"held-out loss (mean of {SMOOTH} scores)")
         ax.legend(fontsize=8)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "models": results}, indent=2))
+    write_json(args, models=results)
     fig.tight_layout()
     fig.savefig(args.out.with_suffix(".png"), dpi=120)
     print(f"wrote {args.out} and {args.out.with_suffix('.png')}")

@@ -24,6 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from bench._report import write_json  # noqa: E402
 from hipress.cliargs import Parser, count, rate  # noqa: E402
 from hipress.launcher import run_shaped  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -100,8 +101,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
                       f"{row['vs_loop']:.2f}",
                       f"{row['hipress']['bytes_sent'] / row['hipress']['steps'] / 1e6:.2f}")
     make_console(120).print(table)
-    args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                    "rows": rows}, indent=2))
+    write_json(args, rows=rows)
     print(f"wrote {args.out}")
 
 
