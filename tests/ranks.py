@@ -78,6 +78,15 @@ def arrays_of(scenario: str, out: Path, args: dict[str, Any],
     return [r["arrays"] for r in results]
 
 
+def launch_ok(world: int, scenario: str, out: Path, args: dict[str, Any],
+              script: Path) -> list[dict[str, Any]]:
+    """``launch``, asserting that every rank exited 0 (its log's tail if not)."""
+    results = launch(world, scenario, out, args, script=script)
+    for r in results:
+        assert r["rc"] == 0, r["log"][-3000:]
+    return results
+
+
 def resumed_bit_for_bit(scenario: str, out: Path, args: dict[str, Any],
                         script: Path = HERE / "ranks.py", world: int = 2,
                         env: dict[str, str] | None = None) -> list[dict[str, Any]]:
