@@ -1,8 +1,10 @@
-"""Rank scenarios inside the trainers people use (Accelerate, Lightning), launched as
-torchrun does (``ranks.launch``): each trains a small MLP on random digits-like data for
-``steps`` steps from ``start`` with HiPress's one-line integration, saves the framework's
-own checkpoint after step ``save_at``, or loads one first; ``die_at`` kills rank 1
-after that step. Arrays: the final parameters; JSON: bytes sent and any error."""
+"""Rank scenarios inside the trainers people use (Accelerate, Lightning, Trainer), launched
+as torchrun does (``ranks.launch``), or, for ``lightning_fsdp``, as one ``python`` process
+that Lightning's own launcher turns into the ranks: each trains a small MLP on random
+digits-like data for ``steps`` steps from ``start`` with HiPress's one-line integration,
+saves the framework's own checkpoint after step ``save_at``, or loads one first;
+``die_at`` kills rank 1 after that step. Arrays: the final parameters; JSON: bytes sent
+and any error."""
 
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ def _batch(rank: int, step: int) -> tuple[Any, Any]:
 def _report(model: Any, out: Path, rank: int, **fields: Any) -> dict[str, Any]:
     import torch
 
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    flat = torch.cat([(p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+                      .reshape(-1) for p in model.parameters()])
     np.savez(out / f"rank{rank}.npz", params=flat.numpy())
     return {"params": int(flat.numel()), **fields}
 
@@ -122,6 +125,60 @@ def lightning(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return _report(module.net, out, rank, sent=state.bytes_sent if state else 0, error=error)
 
 
+def lightning_fsdp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
+    """FSDP2 through ``ModelParallelStrategy`` (``configure_model`` shards each layer),
+    started as a user starts it: this one process, Lightning spawning the other rank."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.fsdp import fully_shard
+
+    from hipress.torch.lightning import HiPress
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+        def configure_model(self) -> None:
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if isinstance(layer, torch.nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+        def training_step(self, batch: Any, index: int) -> Any:
+            x, y = _batch(self.global_rank, self.global_step)
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+        def train_dataloader(self) -> Any:
+            return torch.utils.data.DataLoader(range(10_000), batch_size=1)
+
+    module = Module()
+    callback = HiPress(**args.get("options", {}))
+    callbacks: list[Any] = [callback]
+    if args.get("save"):
+        callbacks.append(ModelCheckpoint(dirpath=args["save"], every_n_train_steps=
+                                         args["save_at"], save_top_k=-1))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(
+                             data_parallel_size=2, tensor_parallel_size=1),
+                         max_steps=args["start"] + args["steps"], callbacks=callbacks,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=bool(args.get("save")))
+    ckpt = None
+    if args.get("load"):
+        ckpt = str(next(Path(args["load"]).glob(f"*step={args['start']}.ckpt")))
+    trainer.fit(module, ckpt_path=ckpt)
+    state = callback.state
+    return _report(module.net, out, trainer.global_rank, global_rank=trainer.global_rank,
+                   sent=state.bytes_sent if state else 0, error=None,
+                   kind=type(state).__name__)
+
+
 def trainer(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
@@ -171,12 +228,13 @@ def trainer(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return _report(model.net, out, rank, sent=state.bytes_sent if state else 0, error=error)
 
 
-SCENARIOS = {f.__name__: f for f in (accelerate, lightning, trainer)}
+SCENARIOS = {f.__name__: f for f in (accelerate, lightning, lightning_fsdp, trainer)}
 
 if __name__ == "__main__":
     scenario, raw, folder = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    rank = int(os.environ["RANK"])
+    rank = int(os.environ.get("RANK", 0))  # Lightning's launcher: the scenario says
     result = SCENARIOS[scenario](json.loads(raw), rank, folder)
+    rank = result.pop("global_rank", rank)
     (folder / f"rank{rank}.json").write_text(json.dumps(result))
     sys.stdout.flush()
     os._exit(0)  # no process-group teardown: a dead peer must not turn into a hang
