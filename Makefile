@@ -83,7 +83,7 @@ gpu-check:
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/mypy hipress compll casync
+	$(BIN)/mypy hipress_base hipress compll casync
 
 clean:
 	rm -rf $(VENV) $(TF_VENV) $(MX_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -33,7 +33,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from casync.models import profile  # noqa: E402
+from casync.model.models import profile  # noqa: E402
 
 RESULTS = HERE / "results"
 

@@ -1,8 +1,8 @@
 """Cluster simulation: scaling of each strategy on N nodes x G GPUs, from the cost model.
 
 For every model profile (tensor sizes in backward order, backward time on one
-V100-class GPU: ``casync.models.TIMINGS``), every node count and link rate, one
-iteration is simulated (``casync.simulate``) for:
+V100-class GPU: ``casync.model.models.TIMINGS``), every node count and link rate, one
+iteration is simulated (``casync.model.simulate``) for:
 
 * ``allreduce``      uncompressed ring allreduce over 25 MB buckets (Horovod, DDP);
 * ``byteps-onebit``  BytePS: 4 MB partitions reduced inside the node, copied to the host,
@@ -20,7 +20,7 @@ Backward runs on the GPU that the codec kernels use (``CostModel.shares_compute`
 iteration takes forward + max(backward as the kernels delayed it, sync end); scaling
 efficiency is the single-GPU iteration time over that (weak scaling, same batch per
 GPU). The cluster's costs are ``CostModel.cluster``: the figures of
-``casync.cluster.ASSUMPTIONS``, each with its source, none measured here. The run
+``casync.model.cluster.ASSUMPTIONS``, each with its source, none measured here. The run
 prints them, and beside each strategy the ones its prediction rests on.
 
     hipress bench simulate                          # all models, 1..16 nodes x 8 GPUs
@@ -40,12 +40,12 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from casync.cluster import ASSUMPTIONS, rests_on  # noqa: E402
-from casync.costmodel import CostModel  # noqa: E402
-from casync.models import PROFILES, TIMINGS, layers  # noqa: E402
+from casync.model.cluster import ASSUMPTIONS, rests_on  # noqa: E402
+from casync.model.costmodel import CostModel  # noqa: E402
+from casync.model.models import PROFILES, TIMINGS, layers  # noqa: E402
+from casync.model.planner import choose_level  # noqa: E402
+from casync.model.simulate import Result, ready_times, simulate  # noqa: E402
 from casync.plan import StaticPlanner  # noqa: E402
-from casync.planner import choose_level  # noqa: E402
-from casync.simulate import Result, ready_times, simulate  # noqa: E402
 from casync.transport import parse_rate  # noqa: E402
 from hipress.cliargs import Parser, count, rate  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
@@ -127,7 +127,7 @@ def report(result: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     rows = result["rows"]
-    stated = Table(title="what the predictions rest on (casync.cluster; none measured "
+    stated = Table(title="what the predictions rest on (casync.model.cluster; none measured "
                          "here)")
     for column in ("key", "value", "prices", "source"):
         stated.add_column(column, overflow="fold")

@@ -1,7 +1,7 @@
 """Synchronization benchmark: CaSync against uncompressed allreduce and a naive baseline.
 
 N ranks synchronize a model's gradient profile (tensor sizes in backward order, see
-``casync.models``) every step. In the same run, on the same ranks and links:
+``casync.model.models``) every step. In the same run, on the same ranks and links:
 
 * ``allreduce``: uncompressed Gloo allreduce over 25 MB buckets (what DDP does);
 * ``naive <algo>``: per tensor, encode, all-gather sizes and payloads, decode and sum —
@@ -22,7 +22,7 @@ Times are the slowest rank's, median over ``--steps`` after a warm-up step (two 
 ``auto``: one to fit its whole-model plan, one to set that plan up); the engine's cases
 take their steps round-robin, one of each in turn. With
 ``--validate`` the run also profiles the primitives and prints what the simulator
-(``casync.simulate``) predicts for each case, and its error.
+(``casync.model.simulate``) predicts for each case, and its error.
 
     hipress bench sync                                   # 4 ranks on loopback
     sudo hipress bench sync --network shaped             # namespaces, 1 Gbit/s links
@@ -81,7 +81,7 @@ MANY_SMALL = [(f"small{i}", 2000) for i in range(160)]
 
 
 def _sizes(name: str, scale: float) -> list[tuple[str, int]]:
-    from casync.models import profile
+    from casync.model.models import profile
 
     sizes = MANY_SMALL if name == "many-small" else profile(name)
     return [(n, max(1, int(k * scale))) for n, k in sizes]
@@ -242,7 +242,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         flat_topo = topo if topo in COMPRESSED else "ps"  # auto's default; across nodes
         planner: Any = StaticPlanner(algo, flat_topo, min_compress=args.min_compress)
         if topo == "auto":
-            from casync.planner import CostPlanner
+            from casync.model.planner import CostPlanner
 
             planner = CostPlanner(cost.flat(), (algo,))  # over every rank
         # hierarchical: its nodes from LOCAL_WORLD_SIZE (--ranks-per-node), ps across
@@ -299,9 +299,9 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
 def _predict(rows: list[dict[str, Any]], cost: Any, world: int,
              sizes: list[tuple[str, int]], args: argparse.Namespace) -> None:
     """Add the simulator's prediction to every measured row it models."""
+    from casync.model.planner import CostPlanner
+    from casync.model.simulate import Gradient, simulate
     from casync.plan import StaticPlanner
-    from casync.planner import CostPlanner
-    from casync.simulate import Gradient, simulate
 
     grads = [Gradient(name, n) for name, n in sizes]  # all ready at once, as here
     flat = cost.flat()  # on nodes, the flat cases: every rank on its share of the link
@@ -381,7 +381,7 @@ def worker(args: argparse.Namespace) -> int:
     cost = None
     if args.validate or "auto" in args.topologies:
         from casync import Synchronizer
-        from casync.profiler import measure
+        from casync.model.profiler import measure
         from casync.transport import Transport
 
         # on nodes: the links inside and between them fitted apart
@@ -390,7 +390,7 @@ def worker(args: argparse.Namespace) -> int:
         result["cost_model"] = cost.to_json()
         say("profiled the primitives on these ranks")
         if cost.gpus > 1:
-            from casync.planner import LevelChooser
+            from casync.model.planner import LevelChooser
 
             for algo in args.algorithms:
                 chooser = LevelChooser(cost, world // cost.gpus, (algo,))

@@ -2,7 +2,7 @@
 
 For every world size (``--ranks``) and network (``--networks``) this runs
 ``bench/sync.py --validate``: profile the primitives on those ranks, measure every case,
-and predict each from that profile (``casync.simulate``). The errors go into one table,
+and predict each from that profile (``casync.model.simulate``). The errors go into one table,
 ``measured ms / predicted ms (error)``, with how many cases fall within ``--bound``
 (25 %, issue 6) and the median absolute error. With ``--repeat N`` the configurations
 run N times in turn, and each cell holds the medians of its measured and predicted

@@ -7,12 +7,12 @@
     sync.synchronize()              # p.grad holds the average over ranks
 """
 
-from .costmodel import CostModel, Linear
 from .executor import Executor, Graph, Task
 from .feedback import ErrorFeedback
 from .graphs import BUILDERS, Context
+from .model.costmodel import CostModel, Linear
+from .model.planner import CostPlanner
 from .plan import TOPOLOGIES, Plan, Planner, StaticPlanner
-from .planner import CostPlanner
 from .synchronizer import Synchronizer, default_timeout
 from .transport import Handle, Transport
 

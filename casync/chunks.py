@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 from .devices import numel
 from .plan import OWNED, SCATTER, Plan

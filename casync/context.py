@@ -14,7 +14,7 @@ import numpy as np
 from compll import Codec
 from compll.constants import FEEDBACK
 from compll.loaders import DECODE_ITEM, ENCODE_ITEM
-from hipress.errors import PayloadError
+from hipress_base.errors import PayloadError
 
 from .chunks import Chunk, Segment
 from .devices import LENGTH, GlooLink, HostMemory, Link, Memory, Message, numel

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, PayloadError
+from hipress_base.errors import ConfigError, PayloadError
 
 from .transport import Sequencer, Transport
 

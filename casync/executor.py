@@ -49,7 +49,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from hipress.errors import HiPressError, SyncError
+from hipress_base.errors import HiPressError, SyncError
 
 from .transport import Handle, Posted, Transport
 

@@ -29,7 +29,7 @@ import queue
 import threading
 from typing import Any
 
-from hipress.errors import ConfigError, SyncError
+from hipress_base.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
 from .levels import Batch, Layout, Pack, PackEntry, Segment, Wire, make_groups, reject
@@ -60,7 +60,7 @@ class Hierarchical:
         ranks_per_node: ranks per node (default ``LOCAL_WORLD_SIZE``).
         levels: ``hierarchical``, or ``auto``: with ``plan="auto"`` on several nodes,
             each tensor goes flat (a ``Synchronizer`` over every rank) or through the
-            levels, as ``casync.planner.LevelChooser`` predicts faster (what
+            levels, as ``casync.model.planner.LevelChooser`` predicts faster (what
             ``Synchronizer(..., plan="auto")`` makes on a job of several nodes).
         intra_dtype: what the intra-node levels send: ``float32``, ``float16`` or
             ``bfloat16`` (the values are rounded to it once, on every rank alike).
@@ -163,8 +163,8 @@ class Hierarchical:
         """The cross-node engine, and with ``levels="auto"`` the flat one; with
         ``plan="auto"`` both plan on one profile of the whole job that fitted the two
         links apart (measured once, then cached)."""
-        from .planner import CostPlanner, LevelChooser
-        from .profiler import cached
+        from .model.planner import CostPlanner, LevelChooser
+        from .model.profiler import cached
         from .synchronizer import Synchronizer
         from .transport import Transport
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, SyncError
+from hipress_base.errors import ConfigError, SyncError
 
 __all__ = ["Layout", "Wire", "Segment", "PackEntry", "Batch", "Pack", "make_groups",
            "reject"]

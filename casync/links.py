@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 from .devices import HostMemory, Link, Memory, link_for
 from .transport import NcclTransport, Transport

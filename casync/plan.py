@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from compll import MAX_ELEMENTS
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 __all__ = ["TOPOLOGIES", "COMPRESSED", "SCATTER", "HIERARCHICAL", "OWNED", "MIN_COMPRESS",
            "DEFAULT_ALGORITHM", "Plan", "Planner", "Learner", "Greedy", "StaticPlanner",
@@ -88,7 +88,7 @@ class Planner(Protocol):
 class Learner(Protocol):
     """A planner that learns the model from the engine's steps: the engine reports each
     step's tensors as it queues them and the end of every step
-    (``casync.planner.CostPlanner`` plans the whole model then)."""
+    (``casync.model.planner.CostPlanner`` plans the whole model then)."""
 
     def plan(self, name: str, numel: int, world_size: int) -> Plan: ...
 
@@ -109,7 +109,7 @@ class StepTimer(Protocol):
 @runtime_checkable
 class Greedy(Protocol):
     """A planner that chooses each tensor's plan on the lanes of a simulated iteration,
-    and may follow a whole-model plan it fitted (``casync.planner.CostPlanner``)."""
+    and may follow a whole-model plan it fitted (``casync.model.planner.CostPlanner``)."""
 
     lanes: Any
     fitted: Planner | None

@@ -24,8 +24,8 @@ from typing import Any
 
 from compll import load
 from compll.payload import VERSION, algorithm_id
-from hipress._version import __version__
-from hipress.errors import ConfigError, SyncError
+from hipress_base.errors import ConfigError, SyncError
+from hipress_base.version import __version__
 
 from .health import default_store
 from .links import cuda_transport_of

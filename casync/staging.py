@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 from .chunks import Entry
 from .devices import Memory, memory_of

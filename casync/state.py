@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
-from .costmodel import CostModel
 from .feedback import ErrorFeedback
-from .planner import CostPlanner
-from .simulate import Gradient
+from .model.costmodel import CostModel
+from .model.planner import CostPlanner
+from .model.simulate import Gradient
 
 __all__ = ["FORMAT", "state_dict", "load_state_dict"]
 

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Hashable
 from typing import Any
 
-from hipress.errors import SyncError
+from hipress_base.errors import SyncError
 
 from .chunks import Chunk, Chunker, Entry
 from .codecs import Codecs

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, SyncError
+from hipress_base.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
 from .chunks import CHUNK_ELEMS
@@ -26,8 +26,8 @@ from .executor import Executor
 from .guard import Guard
 from .health import Health
 from .links import Links
+from .model.planner import CostPlanner
 from .plan import DEFAULT_ALGORITHM, HIERARCHICAL, Plan, Planner, StaticPlanner
-from .planner import CostPlanner
 from .settings import EngineConfig, agree, default_timeout, publish_invalid
 from .state import load_state_dict as load_engine_state
 from .state import state_dict as engine_state

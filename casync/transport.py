@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 __all__ = ["Posted", "Handle", "Transport", "NcclTransport", "Sequencer", "tag_space", "parse_rate",
            "Pacer"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, PayloadError
+from hipress_base.errors import ConfigError, PayloadError
 
 from .constants import FEEDBACK, MAX_ELEMENTS
 from .loaders import ENCODE_ITEM

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, PayloadError
+from hipress_base.errors import ConfigError, PayloadError
 
 from . import compiler
 from .buffers import (

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hipress.errors import CompileError, ConfigError
+from hipress_base.errors import CompileError, ConfigError
 
 from . import ir
 from .declarations import check

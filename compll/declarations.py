@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 from . import ir
 from .builtins import BUILTINS

@@ -1,5 +1,5 @@
-"""CompLL's error classes (one hierarchy under hipress.CompileError), and the dump of
-each stage's output for ``HIPRESS_DUMP``."""
+"""Source positions as errors (``SourceMap``), and the dump of each stage's output for
+``HIPRESS_DUMP``. The error classes live on the ground floor (``hipress_base.errors``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import sys
 from pprint import pformat
 from typing import Any
 
-from hipress.errors import CompileError
+from hipress_base.errors import (
+    BuildError,
+    CompileError,
+    DslSyntaxError,
+    DslTypeError,
+    LayoutError,
+)
 
 from .ir import Pos
 
@@ -16,22 +22,6 @@ __all__ = [
     "CompileError", "DslSyntaxError", "DslTypeError", "LayoutError", "BuildError",
     "SourceMap", "dump_stage",
 ]
-
-
-class DslSyntaxError(CompileError):
-    """The source does not parse."""
-
-
-class DslTypeError(CompileError):
-    """A program parses but is ill-typed or uses an operator wrongly."""
-
-
-class LayoutError(CompileError):
-    """``encode`` and ``decode`` disagree on the payload layout."""
-
-
-class BuildError(CompileError):
-    """A generated kernel failed to compile or load."""
 
 
 class SourceMap:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import PayloadError
+from hipress_base.errors import PayloadError
 
 from . import ir, payload, rng
 from .builtins import BUILTINS, OPERATORS, Kind

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import ConfigError, HiPressError, PayloadError
+from hipress_base.errors import ConfigError, HiPressError, PayloadError
 
 from . import ir, parallelism
 from .build import Artifact, build

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 __all__ = ["Threads", "threads", "count", "follow", "RANKS_PER_NODE"]
 

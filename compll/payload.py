@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hipress.errors import PayloadError
+from hipress_base.errors import PayloadError
 
 from .constants import ALIGN, HEADER_SIZE, MAGIC, NONFINITE, VERSION
 from .ir import Length, LengthKind, Program, Section, Type, TypeKind

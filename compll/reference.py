@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.errors import HiPressError, PayloadError
+from hipress_base.errors import HiPressError, PayloadError
 
 from . import interpreter, ir
 from .constants import FEEDBACK, SCALE_SUM

@@ -1,4 +1,6 @@
-"""HiPress's version: a leaf module, so that every layer can name it (ranks compare it at
-start-up, profiles are cached by it) without importing the facade above it."""
+"""HiPress's version, as the facade shows it (``hipress.__version__``); defined on the ground
+floor (``hipress_base.version``), which every layer reads."""
 
-__version__ = "0.1.0"
+from hipress_base.version import __version__
+
+__all__ = ["__version__"]

@@ -23,6 +23,8 @@ from typing import Any
 
 from casync.transport import parse_rate
 
+from .errors import ConfigError
+
 __all__ = ["Host", "loopback", "shaped", "parse_rate", "free_port", "thread_share",
            "interface_to", "bind_to_master"]
 
@@ -112,7 +114,7 @@ def shaped(n: int, rate: str = "1gbit", tag: str = "hp",
     ``per_node`` hosts (ranks) in each, node by node; needs root."""
     parse_rate(rate)
     if per_node < 1:
-        raise ValueError(f"per_node must be at least 1, not {per_node}")
+        raise ConfigError(f"per_node must be at least 1, not {per_node}")
     if os.geteuid() != 0:
         raise PermissionError("shaped test hosts need root (ip netns, tc); run as root or "
                               "use --network loopback")

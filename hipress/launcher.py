@@ -183,7 +183,7 @@ def run_shaped(ranks: int, bandwidth: str, args: list[str], per_node: int = 1) -
         command.insert(0, sys.executable)
     env = {k: v for k, v in os.environ.items() if k != "HIPRESS_BANDWIDTH"}  # real links
     if ranks % per_node:
-        raise ValueError(f"{ranks} ranks do not fill nodes of {per_node}")
+        raise ConfigError(f"{ranks} ranks do not fill nodes of {per_node}")
     with shaped(ranks // per_node, bandwidth, per_node=per_node) as hosts:
         return max(abs(code) for code in run_on_hosts(hosts, command, env))
 

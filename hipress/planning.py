@@ -12,11 +12,11 @@ from typing import Any
 from rich.table import Table
 
 from casync import Synchronizer
-from casync.costmodel import Cost, CostModel, Linear
-from casync.models import PROFILES, TIMINGS, layers
-from casync.planner import choose_level
-from casync.profiler import measure
-from casync.simulate import Gradient, ready_times, simulate
+from casync.model.costmodel import Cost, CostModel, Linear
+from casync.model.models import PROFILES, TIMINGS, layers
+from casync.model.planner import choose_level
+from casync.model.profiler import measure
+from casync.model.simulate import Gradient, ready_times, simulate
 from casync.transport import Transport, parse_rate
 
 from .cliargs import Parser, algorithm, count, number
@@ -124,7 +124,7 @@ def _plan_parser() -> Parser:
         prog="hipress plan",
         description="Plan every gradient of a model (compress?, topology, partitions) and "
                     "predict its sync time. With --profile, from measured costs; without, "
-                    "for a V100-class cluster (see casync.costmodel.CostModel.cluster).")
+                    "for a V100-class cluster (see casync.model.costmodel.CostModel.cluster).")
     parser.add_argument("--profile", type=Path, help="a `hipress profile` JSON")
     parser.add_argument("--model", default="resnet50", choices=sorted(PROFILES))
     parser.add_argument("--nodes", type=count(1),

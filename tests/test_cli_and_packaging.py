@@ -170,7 +170,7 @@ def test_wheel_ships_dsl_files_and_plugins(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy2(ROOT / name, src / name)
-    for name in ("hipress", "compll", "casync", "plugins", "dsl"):
+    for name in ("hipress_base", "hipress", "compll", "casync", "plugins", "dsl"):
         shutil.copytree(ROOT / name, src / name,
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     proc = subprocess.run(
@@ -188,10 +188,10 @@ def test_wheel_ships_dsl_files_and_plugins(tmp_path):
     assert "hipress/torch/__init__.py" in names
     assert "compll/grammar.lark" in names
     assert "compll/templates/emu/cuda_runtime.h" in names  # the cuda-emu target's runtime
-    assert "hipress/errors.py" in names and "hipress/_version.py" in names
+    assert "hipress_base/errors.py" in names and "hipress/errors.py" in names
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info",
                                                                             ".data"))}
-    assert tops == {"hipress", "compll", "casync"}, tops  # no top-level modules
+    assert tops == {"hipress_base", "hipress", "compll", "casync"}, tops  # no modules
 
 
 @pytest.mark.cpu
@@ -207,24 +207,46 @@ def test_compile_emits_and_builds(tmp_path, capsys):
     assert (tmp_path / "emu" / "onebit.so").exists() and (tmp_path / "emu" / "onebit.cu").exists()
 
 
-#: what every layer may load of the ``hipress`` package: its leaves, not the facade's
-#: plugins, CLI or launcher
-LEAVES = ("hipress", "hipress.errors", "hipress._version")
+#: The layers, lowest first: each may import only those before it.
+LAYERS = ("hipress_base", "compll", "casync", "hipress")
 
 
 @pytest.mark.parametrize("module,forbidden", [
-    ("compll", ("hipress", "casync")),          # the compiler imports nothing above it
-    ("hipress.errors", ("compll", "casync")),   # the errors are a leaf
-    ("hipress", ("compll", "casync")),          # the facade loads its layers on first use
-    ("casync", ("hipress",)),                   # the engine: compll and the errors only
+    ("hipress_base", ("compll", "casync", "hipress")),  # the ground floor: errors, version
+    ("compll", ("casync", "hipress")),                  # the compiler imports nothing above
+    ("hipress.errors", ("compll", "casync")),           # what users catch loads no layer
+    ("hipress", ("compll", "casync")),                  # the facade loads them on first use
+    ("casync", ("hipress",)),                           # the engine: compll and the base
+    ("casync.model", ("hipress",)),                     # the cost model likewise
 ])
 def test_layers_import_only_the_layers_below(module, forbidden):
     code = (f"import sys, {module}\n"
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}"
-            f" and m not in {LEAVES!r}))")
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {forbidden!r}))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, wherever in the file (lazy imports included)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("layer", LAYERS[:-1])
+def test_no_module_of_a_layer_imports_one_above_it(layer):
+    above = LAYERS[LAYERS.index(layer) + 1:]
+    wrong = {f"{path.relative_to(ROOT)}: {name}"
+             for path in sorted((ROOT / layer).rglob("*.py"))
+             for name in _imports(path) if name.split(".")[0] in above}
+    assert not wrong, sorted(wrong)
 
 
 def test_errors_are_named_as_users_import_them_and_nothing_else_is_installed():
@@ -234,7 +256,7 @@ def test_errors_are_named_as_users_import_them_and_nothing_else_is_installed():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)
     assert proc.stdout.split()[:2] == ["hipress.errors", "hipress.errors"]
-    assert not list(ROOT.glob("hipress_*.py"))  # no top-level modules beside the packages
+    assert not list(ROOT.glob("hipress*.py"))  # no top-level modules beside the packages
 
 
 def test_the_facade_re_exports_the_compiler_on_first_use():

@@ -1,16 +1,16 @@
-"""The cluster model (``casync.cluster``, ``CostModel.cluster``, ``casync.simulate``):
+"""The cluster model (``casync.model.cluster``, ``CostModel.cluster``, ``casync.model.simulate``):
 what it charges, and the choice between the flat and hierarchical topologies."""
 
 from __future__ import annotations
 
 import pytest
 
-from casync.cluster import ASSUMPTIONS, RESTS_ON
-from casync.costmodel import CostModel
-from casync.models import TIMINGS, layers
+from casync.model.cluster import ASSUMPTIONS, RESTS_ON
+from casync.model.costmodel import CostModel
+from casync.model.models import TIMINGS, layers
+from casync.model.planner import choose_level
+from casync.model.simulate import Gradient, ready_times, simulate
 from casync.plan import StaticPlanner
-from casync.planner import choose_level
-from casync.simulate import Gradient, ready_times, simulate
 
 
 def test_every_assumption_has_a_source_and_every_strategy_names_its_own():

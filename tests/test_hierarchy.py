@@ -143,8 +143,8 @@ def test_auto_plan_on_nodes_profiles_both_links_and_routes_alike(tmp_path):
 
 
 def test_the_level_chooser_follows_the_links():
-    from casync.costmodel import CostModel
-    from casync.planner import LevelChooser
+    from casync.model.costmodel import CostModel
+    from casync.model.planner import LevelChooser
 
     big = 4 << 20
     fast_node = LevelChooser(CostModel.cluster(2, 4, 10e9, ("onebit",)), 2)

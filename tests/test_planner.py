@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from conftest import bench_module
 
-from casync.costmodel import CostModel, Linear, payload_bytes
-from casync.models import PROFILES, TIMINGS, layers, total
+from casync.model.costmodel import CostModel, Linear, payload_bytes
+from casync.model.models import PROFILES, TIMINGS, layers, total
+from casync.model.planner import CostPlanner
+from casync.model.simulate import Gradient, ready_times, simulate
+from casync.model.timeline import Lanes, Stage, chains, predict
 from casync.plan import Plan, StaticPlanner
-from casync.planner import CostPlanner
-from casync.simulate import Gradient, ready_times, simulate
-from casync.timeline import Lanes, Stage, chains, predict
 from compll import MAX_ELEMENTS
 from hipress.errors import ConfigError
 
@@ -193,7 +193,7 @@ def test_plans_are_deterministic_and_survive_a_json_round_trip(tmp_path):
 def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rate):
     """No slower than fixed ps; than a fixed strategy over another topology, no slower
     than it would be if it were predicted SWITCH_MARGIN faster than it is."""
-    from casync.planner import SWITCH_MARGIN
+    from casync.model.planner import SWITCH_MARGIN
 
     cost = CostModel.cluster(4, 1, rate, ("onebit", "dgc"))
     grads = [Gradient(layer.name, layer.numel) for layer in layers(model)]
@@ -213,13 +213,13 @@ def test_a_fitted_plan_is_predicted_no_slower_than_any_fixed_strategy(model, rat
 
 @pytest.mark.parametrize("rate", [1e9, 100e9])
 def test_a_greedy_plan_must_beat_the_fixed_ones_by_the_margin(rate):
-    from casync.planner import GREEDY_MARGIN
+    from casync.model.planner import GREEDY_MARGIN
 
     cost = CostModel.cluster(4, 1, rate, ("onebit",))
     grads = [Gradient(layer.name, layer.numel) for layer in layers("resnet50")]
     planner = CostPlanner(cost, ("onebit",))
     planner.fit(grads, 4)
-    from casync.planner import SWITCH_MARGIN
+    from casync.model.planner import SWITCH_MARGIN
 
     fixed = min(t for label, t in planner.predictions.items() if label.startswith("fixed"))
     if planner.choice.startswith("greedy"):
@@ -235,7 +235,7 @@ def test_a_greedy_plan_must_beat_the_fixed_ones_by_the_margin(rate):
 def test_another_topology_must_beat_the_default_by_the_switch_margin(monkeypatch):
     """A fixed strategy predicted 10 % faster than fixed ps does not displace it (the
     model's errors are larger than that); one predicted 20 % faster does."""
-    import casync.simulate as sim
+    import casync.model.simulate as sim
     from casync.plan import StaticPlanner
 
     times = {"ps": 1.0, "ring": 1.2, "allgather": 0.9}
@@ -244,7 +244,7 @@ def test_another_topology_must_beat_the_default_by_the_switch_margin(monkeypatch
         end = times[planner.topology] if isinstance(planner, StaticPlanner) else 10.0
         return sim.Result(strategy, end)
 
-    monkeypatch.setattr("casync.planner.simulate", fake)
+    monkeypatch.setattr("casync.model.planner.simulate", fake)
     planner = CostPlanner(CostModel.cluster(4, 1, 1e9, ("onebit",)), ("onebit",))
     grads = [Gradient("g", 1 << 20)]
     planner.fit(grads, 4)
@@ -408,7 +408,7 @@ def test_auto_plan_agrees_across_ranks_and_reuses_its_profile(tmp_path):
 
 
 def test_profile_means_keep_stall_bursts_and_drop_freezes():
-    from casync.profiler import FREEZE, _typical_mean
+    from casync.model.profiler import FREEZE, _typical_mean
 
     bursts = [1.0, 1.2, 3.3, 1.1, 2.9]  # windows of calls slowed by stalls: all kept
     assert _typical_mean(bursts) == pytest.approx(sum(bursts) / len(bursts))

@@ -8,6 +8,7 @@ import mxnet as mx
 import numpy as np
 
 from hipress import distributed as core
+from hipress.errors import ConfigError
 
 from .arrays import stage, write_back
 
@@ -59,7 +60,7 @@ class HiPress(mx.kv.KVStoreBase):
     def is_capable(capability: str) -> bool:
         if capability.lower() == mx.kv.KVStoreBase.OPTIMIZER:
             return False
-        raise ValueError(f"unknown KVStore capability {capability!r}")
+        raise ConfigError(f"unknown KVStore capability {capability!r}")
 
     def broadcast(self, key: Any, value: mx.nd.NDArray, out: Any, priority: int = 0) -> None:
         """Rank 0's ``value`` into every array of ``out`` on every rank."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 __all__ = ["PROFILES", "Layer", "layers", "profile", "total", "TIMINGS", "Timing"]
 

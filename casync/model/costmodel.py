@@ -2,7 +2,7 @@
 
 A ``CostModel`` holds one ``Linear`` per primitive, keyed by ``Cost.KIND.key(...)``
 (the strings below, as profiles are cached), the world it was measured on and where.
-The profiler (``casync.profiler``) fills it on a real group; ``CostModel.cluster``
+The profiler (``casync.model.profiler``) fills it on a real group; ``CostModel.cluster``
 builds one for a hypothetical cluster from stated hardware figures. The planner and
 the simulator read nothing else.
 
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from compll.codec import codec as make_codec
-from hipress.errors import ConfigError
+from hipress_base.errors import ConfigError
 
 __all__ = ["Cost", "Linear", "CostModel", "payload_bytes"]
 
@@ -74,11 +74,11 @@ class Linear:
         faster per unit than the bulk does, so the small sizes must not set the slope.
         """
         if fixed not in ("min", "mean"):
-            raise ValueError(f"fixed must be 'min' or 'mean', not {fixed!r}")
+            raise ConfigError(f"fixed must be 'min' or 'mean', not {fixed!r}")
         x = np.asarray(xs, np.float64)
         t = np.asarray(ts, np.float64)
         if x.size < 2 or np.ptp(x) == 0:
-            raise ValueError("fitting a line needs at least two distinct sizes")
+            raise ConfigError("fitting a line needs at least two distinct sizes")
         order = np.argsort(x, kind="stable")
         x, t = x[order], t[order]
         half = x.size // 2
@@ -320,7 +320,7 @@ class CostModel:
                 algorithms: tuple[str, ...] = ("onebit", "dgc"),
                 intra_Bps: float | None = None) -> CostModel:
         """A cost model for ``nodes`` × ``gpus`` V100-class GPUs on a ``bandwidth_bps``
-        network, from the stated figures of ``casync.cluster`` (``ASSUMPTIONS``: each
+        network, from the stated figures of ``casync.model.cluster`` (``ASSUMPTIONS``: each
         with its source; none measured here). Payload sizes are the real codecs'
         (``payload_bytes``). Its compute lane is the GPU that backward runs on."""
         from .cluster import value

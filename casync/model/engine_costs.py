@@ -1,7 +1,7 @@
 """The engine's own costs beyond its primitives, for the cost model: the engine's steps,
 timed by the engine itself (``casync.plan.StepTimer``, ``Synchronizer.time_steps``),
 against what the model of their primitives predicts (per chunk graph, per segment, per
-element of bulk steps), and the naive baseline's per tensor. ``casync.profiler``
+element of bulk steps), and the naive baseline's per tensor. ``casync.model.profiler``
 measures the primitives and calls ``engine_costs`` last."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from typing import Any
 
 from compll import codec as make_codec
 
-from .baselines import naive_step
+from ..baselines import naive_step
+from ..plan import COMPRESSED, StaticPlanner, StepTimer
+from ..transport import Transport
 from .costmodel import Cost, CostModel, Linear
-from .plan import COMPRESSED, StaticPlanner, StepTimer
 from .simulate import Gradient, simulate
-from .transport import Transport
 
 __all__ = ["engine_costs"]
 

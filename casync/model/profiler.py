@@ -24,14 +24,14 @@ import numpy as np
 from compll import codec as make_codec
 from compll.build import cache_dir
 from compll.parallelism import threads
-from hipress._version import __version__
+from hipress_base.version import __version__
 
-from . import primitives as P
+from .. import primitives as P
+from ..feedback import ErrorFeedback
+from ..plan import StepTimer
+from ..transport import Transport
 from .costmodel import Cost, CostModel, Linear, payload_bytes
 from .engine_costs import engine_costs
-from .feedback import ErrorFeedback
-from .plan import StepTimer
-from .transport import Transport
 
 __all__ = ["measure", "cached", "ELEMENTS", "BYTES"]
 
@@ -180,7 +180,7 @@ _GATHER_SETTLE = 100
 
 def _exchange(transport: Transport, largest: int) -> Callable[[int], None]:
     """A compress-and-all-gather baseline's exchange of ``nbytes`` per rank
-    (``casync.simulate``'s naive): an all-gather of every rank's payload size (8 bytes),
+    (``casync.model.simulate``'s naive): an all-gather of every rank's payload size (8 bytes),
     then one of the payloads.
 
     Timed as the pair the baselines run, since an all-gather alternating with the sizes'
@@ -273,7 +273,7 @@ def measure(transport: Transport, algorithms: tuple[str, ...] = ("onebit",), *,
         transport: the engine's transport (pacing via ``HIPRESS_BANDWIDTH`` applies).
         algorithms: codecs to time encode and decode for.
         steps: how the engine times its own steps (``Synchronizer.time_steps``), for
-            its costs beyond the primitives (``casync.engine_costs``).
+            its costs beyond the primitives (``casync.model.engine_costs``).
         elements, message_bytes: the size sweeps.
         reps: timed repetitions per size, at least (their mean is kept).
         target: codec target, as for ``hipress.codec``.

@@ -23,8 +23,10 @@ import bisect
 import math
 from dataclasses import dataclass
 
+from hipress_base.errors import ConfigError
+
+from ..plan import Plan
 from .costmodel import Cost, CostModel
-from .plan import Plan
 
 __all__ = ["Stage", "Lanes", "chains", "on_host", "predict"]
 
@@ -159,7 +161,7 @@ def _codec_stages(c: _Costs, topology: str, x: float, world: int) -> list[Stage]
         # the first decode overwrites, the others add (the last one also averages)
         return [Stage("compute", c.enc(x)), c.wire((n - 1) * c.nbytes(x)),
                 Stage("compute", c.dec(x) + (n - 1) * c.acc(x))]
-    raise ValueError(f"no compressed chain for topology {topology!r}")
+    raise ConfigError(f"no compressed chain for topology {topology!r}")
 
 
 def chains(cost: CostModel, plan: Plan, numel: int, world: int, segments: int = 1,

@@ -3,7 +3,7 @@
 ``simulate`` walks a model's gradients in backward order (each ready when backward has
 produced it), groups them the way a strategy does (DDP's 25 MB buckets, the engine's
 chunks, BytePS's per-tensor partitions), plans each group and schedules its stages on
-one rank's lanes (``casync.timeline``). The planner, the
+one rank's lanes (``casync.model.timeline``). The planner, the
 simulator and the validation against ``bench sync`` share this one model.
 
 Strategies: ``allreduce`` (uncompressed, 25 MB buckets), ``naive`` (per tensor:
@@ -27,9 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .chunks import CHUNK_ELEMS, Chunk, Chunker
+from hipress_base.errors import ConfigError
+
+from ..chunks import CHUNK_ELEMS, Chunk, Chunker
+from ..plan import Greedy, Plan, Planner
 from .costmodel import Cost, CostModel, Linear
-from .plan import Greedy, Plan, Planner
 from .timeline import Lanes, Stage, on_host, predict
 
 __all__ = ["Gradient", "Unit", "Result", "simulate", "ready_times", "DDP_BUCKET"]
@@ -84,7 +86,7 @@ class Result:
 
 
 def ready_times(layers: Sequence[Any], backward_s: float) -> list[Gradient]:
-    """Spread ``backward_s`` over ``layers`` (``casync.models.Layer``) by their work
+    """Spread ``backward_s`` over ``layers`` (``casync.model.models.Layer``) by their work
     weights; a gradient is ready when backward has done its layer."""
     weights = [max(layer.work, 0.0) for layer in layers]
     total = sum(weights) or 1.0
@@ -316,7 +318,7 @@ def simulate(cost: CostModel, world: int, grads: Sequence[Gradient], strategy: s
         return _byteps(cost, world, grads, algorithm)
     if strategy == "casync":
         if planner is None:
-            raise ValueError("strategy 'casync' needs a planner")
+            raise ConfigError("strategy 'casync' needs a planner")
         return _casync(cost, world, grads, planner, chunk_elems, coalesce, fuse_raw)
-    raise ValueError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd, "
+    raise ConfigError(f"unknown strategy {strategy!r}; choose allreduce, naive, powersgd, "
                      "byteps or casync")

@@ -4,7 +4,7 @@ For each tensor, in the order tensors arrive, ``CostPlanner`` tries every candid
 no compression, or each algorithm over ps, ring and allgather, with K = 1..N partitions
 — by scheduling what the tensor adds to its chunk (its bytes and codec work, without the
 fixed costs the chunk's other tensors share) on a copy of the rank's lanes
-(``casync.timeline``) after everything already planned, and keeps the one that finishes
+(``casync.model.timeline``) after everything already planned, and keeps the one that finishes
 first. So the decision counts the work already queued on each lane: with a busy link it
 compresses more, with a busy compute lane less (Espresso's lesson).
 
@@ -26,13 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .chunks import CHUNK_ELEMS
+from ..chunks import CHUNK_ELEMS
+from ..plan import COMPRESSED, Plan, Planner, StaticPlanner, StepTimer
+from ..transport import Transport
 from .costmodel import CostModel
-from .plan import COMPRESSED, Plan, Planner, StaticPlanner, StepTimer
 from .profiler import cached
 from .simulate import Gradient, Result, simulate
 from .timeline import Lanes, predict
-from .transport import Transport
 
 __all__ = ["CostPlanner", "Decision", "GREEDY_MARGIN", "SWITCH_MARGIN", "choose_level",
            "LevelChooser"]
@@ -100,7 +100,7 @@ class CostPlanner:
     def measured(cls, transport: Transport, algorithm: str, target: str,
                  steps: StepTimer) -> CostPlanner:
         """A planner on the costs of ``transport``'s group, profiled once and then cached
-        (``casync.profiler.cached``): what ``plan="auto"`` runs with. ``steps`` times the
+        (``casync.model.profiler.cached``): what ``plan="auto"`` runs with. ``steps`` times the
         engine's own steps for the profile (``Synchronizer.time_steps``)."""
         return cls(cached(transport, (algorithm,), target, steps=steps), (algorithm,))
 
@@ -145,7 +145,7 @@ class CostPlanner:
             chunk_elems: int = CHUNK_ELEMS) -> Planner:
         """Choose the plans of a whole model at once; ``plan`` follows them from now on.
 
-        Simulates (``casync.simulate``) one iteration of ``grads`` (``Gradient``s in
+        Simulates (``casync.model.simulate``) one iteration of ``grads`` (``Gradient``s in
         submission order, with ready times) under this planner's greedy choice over all
         its topologies, under the greedy choice restricted to each topology, and under
         each fixed strategy (``StaticPlanner``), then keeps the fastest prediction. A
@@ -250,7 +250,7 @@ def choose_level(cost: CostModel, nodes: int, grads: Sequence[Any],
 class LevelChooser:
     """Per tensor, flat or hierarchical: the engine's ``plan="auto"`` on a job of
     ``nodes`` nodes of ``cost.gpus`` ranks (a profile that fitted both links,
-    ``casync.profiler.measure(per_node=...)``). A tensor goes the way its best plan is
+    ``casync.model.profiler.measure(per_node=...)``). A tensor goes the way its best plan is
     predicted to end first, alone on the lanes; the same on every rank for the same
     profile.
 
