@@ -136,6 +136,19 @@ def _allreduce_step(dist: Any, tensors: list[Any]) -> None:
             offset += p.numel()
 
 
+def _traffic(sync: Any) -> Any:
+    """What counts an engine's messages: a flat engine's transport, a hierarchical
+    engine's wire (both levels); the benchmark reads inside the engine on purpose."""
+    return getattr(sync, "wire", None) or sync.transport
+
+
+def _across(sync: Any) -> int:
+    """Bytes across the network: a hierarchical engine's intra-node ones stay on the
+    node."""
+    wire = getattr(sync, "wire", None)
+    return int(wire.across_bytes) if wire is not None else int(sync.bytes_sent)
+
+
 def _messages(transport: Any) -> int:
     return int(transport.messages_sent + transport.collectives)
 
@@ -152,10 +165,11 @@ def _critical_path(dist: Any, sync: Any, step: Any, reset: Any) -> float:
     """The compute work of one step of ``sync``'s graphs, timed alone on every rank at
     once: run a step with the executor's trace on, then run its compute tasks again back
     to back (their messages are still in the receive buffers). The slowest rank's time."""
-    sync.executor.trace, sync.executor.ran = [], []
+    executor = getattr(sync, "inner", sync).executor  # a hierarchical one's across nodes
+    executor.trace, executor.ran = [], []
     reset()
     step()
-    ran, sync.executor.trace, sync.executor.ran = sync.executor.ran, None, []
+    ran, executor.trace, executor.ran = executor.ran, None, []
     dist.barrier()
     t0 = time.perf_counter()
     for work in ran:
@@ -213,7 +227,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     """Lower bound, naive baseline and CaSync per topology for one algorithm; the Gloo
     allreduce takes its turn among the topologies (its times go to ``allreduce_times``)."""
     import hipress
-    from casync import StaticPlanner, Synchronizer
+    from casync import Engine, StaticPlanner, engine
 
     world = dist.get_world_size()
     codec = hipress.codec(algo)
@@ -237,7 +251,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     # The engine under every topology and the allreduce, timed round-robin (one step of
     # each in turn), so that the machine's slow drifts land on all of them alike: auto is
     # compared with the fixed strategies, and each with the allreduce, fairly.
-    syncs: dict[str, Synchronizer] = {}
+    syncs: dict[str, Engine] = {}
     for topo in args.topologies:
         flat_topo = topo if topo in COMPRESSED else "ps"  # auto's default; across nodes
         planner: Any = StaticPlanner(algo, flat_topo, min_compress=args.min_compress)
@@ -247,13 +261,13 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
             planner = CostPlanner(cost.flat(), (algo,))  # over every rank
         # hierarchical: its nodes from LOCAL_WORLD_SIZE (--ranks-per-node), ps across
         levels = {"intra_dtype": args.intra_dtype} if topo == HIERARCHICAL else {}
-        syncs[topo] = Synchronizer(algo, topo if topo == HIERARCHICAL else flat_topo,
-                                   timeout=600, chunk_elems=args.chunk_elems,
-                                   planner=planner, **levels)
+        syncs[topo] = engine(algo, topo if topo == HIERARCHICAL else flat_topo,
+                             timeout=600, chunk_elems=args.chunk_elems, planner=planner,
+                             **levels)
 
     names = [f"t{i}" for i in range(len(tensors))]
 
-    def step_of(sync: Synchronizer) -> Any:
+    def step_of(sync: Engine) -> Any:
         def step() -> None:
             sync.submit_many(zip(names, tensors, strict=True))  # as DDP hands a bucket
             sync.synchronize()
@@ -264,10 +278,9 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         # auto: the engine fits its whole-model plan after its first step, and the step
         # after is the first to run that plan (its buffers and residuals): warm up both.
         _timed(dist, step_of(sync), reset, 0, warmup=2 if topo == "auto" else 1)
-        sent0[topo] = sync.transport.bytes_sent
-        sent0[f"{topo} across"] = getattr(sync.transport, "across_bytes",
-                                          sync.transport.bytes_sent)
-        msgs0[topo] = _messages(sync.transport)
+        sent0[topo] = sync.bytes_sent
+        sent0[f"{topo} across"] = _across(sync)
+        msgs0[topo] = _messages(_traffic(sync))
     times: dict[str, list[float]] = {topo: [] for topo in syncs}
     for _ in range(args.steps):
         for topo, sync in syncs.items():
@@ -275,11 +288,9 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         allreduce_times.append(_time_once(dist, allreduce, reset))
     for topo, sync in syncs.items():
         steps = max(args.steps, 1)
-        sent = (sync.transport.bytes_sent - sent0[topo]) / steps
-        messages = _max_over_ranks(dist, (_messages(sync.transport) - msgs0[topo]) / steps)
-        # bytes across the network: a hierarchical engine's intra-node ones stay on the node
-        across = (getattr(sync.transport, "across_bytes", sync.transport.bytes_sent)
-                  - sent0.get(f"{topo} across", 0)) / steps
+        sent = (sync.bytes_sent - sent0[topo]) / steps
+        messages = _max_over_ranks(dist, (_messages(_traffic(sync)) - msgs0[topo]) / steps)
+        across = (_across(sync) - sent0.get(f"{topo} across", 0)) / steps
         critical = _critical_path(dist, sync, step_of(sync), reset) + across / link_Bps
         rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,
                      "seconds": statistics.median(times[topo]), "all_seconds": times[topo],

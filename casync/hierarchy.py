@@ -33,8 +33,8 @@ from hipress_base.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
 from .levels import Batch, Layout, Pack, PackEntry, Segment, Wire, make_groups, reject
-from .plan import COMPRESSED, DEFAULT_ALGORITHM, HIERARCHICAL
-from .settings import agree, default_timeout, publish_invalid
+from .plan import COMPRESSED, HIERARCHICAL
+from .settings import EngineConfig, agree, publish_invalid
 
 __all__ = ["Hierarchical", "Layout", "INTRA_DTYPES", "PACK_ELEMS"]
 
@@ -45,66 +45,61 @@ INTRA_DTYPES = ("float32", "float16", "bfloat16")
 PACK_ELEMS = 2 << 20
 _END = None  # a step's end on the stage queues
 _STATE_FORMAT = 1
+#: What ``casync.engine`` passes to a hierarchical engine beside its settings.
+LEVEL_OPTIONS = ("across", "ranks_per_node", "intra_dtype", "pack_elems", "levels")
+
+
+def _check_levels(across: str, intra_dtype: str, pack_elems: Any, levels: str) -> None:
+    """The levels' own settings (the cross-node level's are the engine's settings)."""
+    if across not in COMPRESSED:
+        raise ConfigError(f"across must be one of {', '.join(COMPRESSED)}, not {across!r}")
+    if intra_dtype not in INTRA_DTYPES:
+        raise ConfigError(f"intra_dtype must be one of {', '.join(INTRA_DTYPES)}, "
+                          f"not {intra_dtype!r}")
+    if isinstance(pack_elems, bool) or not isinstance(pack_elems, int) or pack_elems < 1:
+        raise ConfigError(f"pack_elems must be an integer >= 1, not {pack_elems!r}")
+    if levels not in (HIERARCHICAL, "auto"):
+        raise ConfigError(f"levels must be {HIERARCHICAL!r} or 'auto', not {levels!r}")
 
 
 class Hierarchical:
-    """A ``Synchronizer`` over nodes: uncompressed inside a node, compressed across.
+    """An engine over nodes: uncompressed inside a node, compressed across.
 
-    Made by ``Synchronizer(algorithm, "hierarchical", ...)``; it takes the same calls
-    (``submit``, ``submit_many``, ``flush``, ``synchronize``, ``end_step``, ``close``,
-    ``state_dict``, ``load_state_dict``).
+    Made by ``casync.engine(algorithm, "hierarchical", ...)``; it offers the same calls
+    (``casync.Engine``) and runs flat ``Synchronizer``s across nodes through them.
 
     Args:
-        algorithm: the CompLL algorithm across nodes, or ``"none"``.
+        config: the checked settings (``casync.settings.EngineConfig``): the algorithm,
+            plan, timeout and parameters of the cross-node level.
         across: the topology across nodes: ``ps``, ``ring`` or ``allgather``.
         ranks_per_node: ranks per node (default ``LOCAL_WORLD_SIZE``).
         levels: ``hierarchical``, or ``auto``: with ``plan="auto"`` on several nodes,
             each tensor goes flat (a ``Synchronizer`` over every rank) or through the
             levels, as ``casync.model.planner.LevelChooser`` predicts faster (what
-            ``Synchronizer(..., plan="auto")`` makes on a job of several nodes).
+            ``casync.engine(..., plan="auto")`` makes on a job of several nodes).
         intra_dtype: what the intra-node levels send: ``float32``, ``float16`` or
             ``bfloat16`` (the values are rounded to it once, on every rank alike).
         pack_elems: elements per pipelined pack.
         group: the job's group (default the world); its ranks must be numbered node by
             node.
-        timeout: seconds before a silent peer raises ``SyncError``.
-        **options: the cross-node engine's (``plan``, ``min_compress`` — compared with
-            the slice each rank sends across, ``error_feedback``, ``seed``, ...) and the
-            algorithm's parameters.
+        planner: the cross-node engine's ``Planner`` object, if the caller has one.
+        trace: the cross-node engine records its tasks.
 
     Raises:
         ConfigError: a bad setting, or ranks that disagree on the layout.
-        SyncError: a rank did not reach the settings check within ``timeout``.
+        SyncError: a rank did not reach the settings check within the timeout.
     """
 
-    def __init__(self, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = HIERARCHICAL, *,
-                 across: str = "ps", ranks_per_node: int | None = None,
-                 intra_dtype: str = "float32", pack_elems: int = PACK_ELEMS,
-                 group: Any = None, timeout: float | None = None, levels: str = HIERARCHICAL,
-                 **options: Any) -> None:
+    def __init__(self, config: EngineConfig, *, across: str = "ps",
+                 ranks_per_node: int | None = None, intra_dtype: str = "float32",
+                 pack_elems: int = PACK_ELEMS, group: Any = None, levels: str = HIERARCHICAL,
+                 planner: Any = None, trace: bool = False) -> None:
         import torch
         import torch.distributed as dist
 
+        seconds = config.settings.timeout
         try:
-            if topology != HIERARCHICAL:
-                raise ConfigError(f"Hierarchical runs topology {HIERARCHICAL!r}, not "
-                                  f"{topology!r}")
-            if across not in COMPRESSED:
-                raise ConfigError(f"across must be one of {', '.join(COMPRESSED)}, not "
-                                  f"{across!r}")
-            if intra_dtype not in INTRA_DTYPES:
-                raise ConfigError(f"intra_dtype must be one of {', '.join(INTRA_DTYPES)}, "
-                                  f"not {intra_dtype!r}")
-            if isinstance(pack_elems, bool) or not isinstance(pack_elems, int) \
-                    or pack_elems < 1:
-                raise ConfigError(f"pack_elems must be an integer >= 1, not {pack_elems!r}")
-            if levels not in (HIERARCHICAL, "auto"):
-                raise ConfigError(f"levels must be {HIERARCHICAL!r} or 'auto', not {levels!r}")
-            seconds = default_timeout() if timeout is None else timeout
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
-                    or not 0 < seconds < float("inf"):
-                raise ConfigError(f"timeout must be a positive number of seconds, not "
-                                  f"{timeout!r}")
+            _check_levels(across, intra_dtype, pack_elems, levels)
             self.rank = dist.get_rank(group)
             self.size = dist.get_world_size(group)
             self.layout = Layout.of(self.rank, self.size, ranks_per_node)
@@ -126,14 +121,14 @@ class Hierarchical:
         self.intra_dtype = getattr(torch, intra_dtype)
         self.pack_elems = pack_elems
         self.timeout = seconds
+        self._group = group
         self._groups = make_groups(layout, members, seconds)
         self.flat: Any = None
         self.chooser: Any = None
-        self._engines(algorithm, across, group, seconds, levels, options)
+        self._engines(config.across(across), group, levels, planner, trace)
         self.config = self.inner.config
-        self.transport = Wire(group, self.rank, self.size,
-                               [e.transport for e in (self.inner, self.flat) if e is not None])
-        self.executor = self.inner.executor
+        self.wire = Wire(self.rank, self.size, [e for e in (self.inner, self.flat)
+                                                if e is not None])
         self._flat_futures: list[Any] = []  # the step in progress's, from the flat engine
         self._flat_waiting: list[Any] = []
         # -- the step in progress (the caller's thread)
@@ -158,8 +153,8 @@ class Hierarchical:
             thread.start()
         lifecycle.register(self)
 
-    def _engines(self, algorithm: str | None, across: str, group: Any, seconds: float,
-                 levels: str, options: dict[str, Any]) -> None:
+    def _engines(self, config: EngineConfig, group: Any, levels: str, planner: Any,
+                 trace: bool) -> None:
         """The cross-node engine, and with ``levels="auto"`` the flat one; with
         ``plan="auto"`` both plan on one profile of the whole job that fitted the two
         links apart (measured once, then cached)."""
@@ -169,26 +164,39 @@ class Hierarchical:
         from .transport import Transport
 
         layout = self.layout
-        auto = "auto" in (options.get("plan"), options.get("planner")) \
-            and algorithm not in (None, "none") and layout.nodes > 1 and layout.local_size > 1
-        if not auto:
-            self.inner = Synchronizer(algorithm, across, group=self._groups["cross"],
-                                      timeout=seconds, **options)
+        cross = self._groups["cross"]
+        algorithm = config.settings.algorithm
+        if not (config.auto and layout.nodes > 1 and layout.local_size > 1):
+            self.inner = Synchronizer(config, group=cross, trace=trace, planner=planner)
             lifecycle.forget(self.inner)  # closed by this engine, after its own threads
             return
         assert algorithm is not None
-        rest = {k: v for k, v in options.items() if k not in ("plan", "planner", "min_compress")}
-        cost = cached(Transport(group), (algorithm,), rest.get("target", "auto"),
+        cost = cached(Transport(group), (algorithm,), config.target,
                       steps=Synchronizer.time_steps, per_node=layout.local_size)
-        self.inner = Synchronizer(algorithm, across, group=self._groups["cross"],
-                                  timeout=seconds, **rest,
+        planned = config.planned_by_caller()
+        self.inner = Synchronizer(planned, group=cross, trace=trace,
                                   planner=CostPlanner(cost.cross(layout.nodes), (algorithm,)))
         lifecycle.forget(self.inner)
         if levels == "auto":
-            self.flat = Synchronizer(algorithm, across, group=group, timeout=seconds, **rest,
+            self.flat = Synchronizer(planned, group=group, trace=trace,
                                      planner=CostPlanner(cost.flat(), (algorithm,)))
             lifecycle.forget(self.flat)
             self.chooser = LevelChooser(cost, layout.nodes, (algorithm,))
+
+    # -- what every engine reports (casync.Engine) -------------------------------
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent, both levels."""
+        return self.wire.bytes_sent
+
+    @property
+    def group(self) -> Any:
+        return self._group
+
+    def take_trace(self) -> list[Any] | None:
+        """The cross-node engine's tasks since the last call (``Synchronizer``'s)."""
+        return self.inner.take_trace()
 
     # -- what the plugins and the benchmarks read -------------------------------------
 
@@ -395,7 +403,7 @@ class Hierarchical:
             mine = torch.empty(share, dtype=self.intra_dtype, device=pack.device)
             self._collective("reduce-scatter", pack, lambda: dist.reduce_scatter_single(
                 mine, flat, group=self._groups[("reduce", pack.device.type)]))
-            self.transport.intra_bytes += (local - 1) * share * flat.element_size()
+            self.wire.intra_bytes += (local - 1) * share * flat.element_size()
         else:
             mine = flat
         pack.slice = mine.float() if mine.dtype != torch.float32 else mine
@@ -426,7 +434,7 @@ class Hierarchical:
             full = torch.empty(mine.numel() * local, dtype=mine.dtype, device=mine.device)
             self._collective("all-gather", pack, lambda: dist.all_gather_single(
                 full, mine, group=self._groups[("gather", pack.device.type)]))
-            self.transport.intra_bytes += (local - 1) * mine.numel() * mine.element_size()
+            self.wire.intra_bytes += (local - 1) * mine.numel() * mine.element_size()
         else:
             full = mine
         done: list[PackEntry] = []
@@ -445,7 +453,7 @@ class Hierarchical:
             self._count_down(entry.batch)
 
     def _collective(self, what: str, pack: Pack, call: Any) -> None:
-        self.transport.intra_collectives += 1
+        self.wire.intra_collectives += 1
         try:
             call()
         except RuntimeError as exc:
@@ -498,8 +506,9 @@ class Hierarchical:
                               "after synchronize() and before the next backward")
         self._settle()
 
-    def close(self) -> None:
-        """Finish the last step, stop the stages, close the cross-node engine."""
+    def close(self, wait: float | None = None) -> None:
+        """Finish the last step, stop the stages, close the cross-node engine (``wait``
+        as ``Synchronizer.close`` takes it)."""
         try:
             if self.error is None:
                 self.end_step()
@@ -508,12 +517,13 @@ class Hierarchical:
             lifecycle.forget(self)
             for q in (self._reduce, self._gather):
                 q.put(_STOP)
-            if self.error is None:
-                for thread in self._threads:
-                    thread.join(5.0)
-            self.inner.close()
+            if wait is None:
+                wait = 5.0 if self.error is None else 0.0
+            for thread in self._threads if wait > 0 else ():
+                thread.join(wait)
+            self.inner.close(wait)
             if self.flat is not None:
-                self.flat.close()
+                self.flat.close(wait)
 
 
 _STOP = object()

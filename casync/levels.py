@@ -74,11 +74,12 @@ class Layout:
 
 
 class Wire:
-    """The engine's traffic, both levels (what ``Synchronizer.transport`` reports)."""
+    """A hierarchical engine's traffic, both levels: the flat engines' it runs across
+    nodes (through their ``bytes_sent``) and its own intra-node collectives."""
 
-    def __init__(self, group: Any, rank: int, size: int, engines: list[Any]) -> None:
-        self.group, self.rank, self.size = group, rank, size
-        self.engines = engines  # the cross-node engine's transport, and the flat one's
+    def __init__(self, rank: int, size: int, engines: list[Any]) -> None:
+        self.rank, self.size = rank, size
+        self.engines = engines  # the cross-node engine, and the flat one
         self.intra_bytes = 0
         self.intra_collectives = 0
 
@@ -89,15 +90,18 @@ class Wire:
     @property
     def across_bytes(self) -> int:
         """Bytes sent by the engines whose messages may cross nodes."""
-        return sum(int(t.bytes_sent) for t in self.engines)
+        return sum(int(e.bytes_sent) for e in self.engines)
 
     @property
     def messages_sent(self) -> int:
-        return sum(int(t.messages_sent) for t in self.engines)
+        """Messages of the flat engines (this engine built them: it reads their
+        transports, which no caller of an engine does)."""
+        return sum(int(e.transport.messages_sent) for e in self.engines)
 
     @property
     def collectives(self) -> int:
-        return sum(int(t.collectives) for t in self.engines) + self.intra_collectives
+        return sum(int(e.transport.collectives) for e in self.engines) + \
+            self.intra_collectives
 
 
 @dataclass

@@ -19,7 +19,7 @@ import os
 import pickle
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from compll import load
@@ -27,6 +27,7 @@ from compll.payload import VERSION, algorithm_id
 from hipress_base.errors import ConfigError, SyncError
 from hipress_base.version import __version__
 
+from .chunks import CHUNK_ELEMS
 from .health import default_store
 from .links import cuda_transport_of
 from .plan import COMPRESSED, DEFAULT_ALGORITHM, HIERARCHICAL, MIN_COMPRESS
@@ -171,15 +172,18 @@ class EngineConfig:
     cuda_transport: Any
 
     @classmethod
-    def of(cls, algorithm: str | None, topology: str, planner: Any, plan: str | None,
-           min_compress: int | None, error_feedback: bool | None, timeout: float | None,
-           chunk_elems: Any, seed: int, target: str, cuda_transport: Any,
-           params: dict[str, Any], guard: bool = False) -> EngineConfig:
-        """The ``Synchronizer``'s arguments, checked (``planner`` a ``Planner`` object, or
-        a plan name as the wrappers' ``plan=`` takes).
+    def of(cls, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps",
+           planner: Any = None, *, plan: str | None = None, min_compress: int | None = None,
+           error_feedback: bool | None = None, timeout: float | None = None,
+           chunk_elems: Any = CHUNK_ELEMS, seed: int = 0, target: str = "auto",
+           cuda_transport: Any = None, guard: bool = False, **params: Any) -> EngineConfig:
+        """An engine's arguments, checked: the one place they are (``planner`` a
+        ``Planner`` object, or a plan name as the wrappers' ``plan=`` takes; the rest as
+        ``casync.Synchronizer`` documents them).
 
         Raises:
             ConfigError: the first bad value, and why.
+            CompileError: ``algorithm`` is a ``.cll`` file that does not compile.
         """
         custom = planner is not None and not isinstance(planner, str)
         if custom:
@@ -200,6 +204,15 @@ class EngineConfig:
             raise ConfigError(f"chunk_elems must be an integer >= 1, not {chunk_elems!r}")
         return cls(settings, custom, int(chunk_elems), int(seed), target,
                    cuda_transport_of(cuda_transport))
+
+    def planned_by_caller(self) -> EngineConfig:
+        """These settings for an engine given its ``Planner`` object (a static plan)."""
+        return replace(self, custom_planner=True,
+                       settings=replace(self.settings, plan="static"))
+
+    def across(self, topology: str) -> EngineConfig:
+        """These settings with ``topology`` (a hierarchical engine's cross-node level)."""
+        return replace(self, settings=replace(self.settings, topology=topology))
 
     @property
     def auto(self) -> bool:

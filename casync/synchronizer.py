@@ -19,7 +19,6 @@ import numpy as np
 from hipress_base.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
-from .chunks import CHUNK_ELEMS
 from .codecs import Codecs
 from .devices import Link, Memory
 from .executor import Executor
@@ -37,25 +36,6 @@ from .transport import Transport
 __all__ = ["Synchronizer", "default_timeout"]
 
 
-def _on_nodes(algorithm: str | None, options: dict[str, Any]) -> bool:
-    """``plan="auto"`` on the whole job of several nodes of several ranks (torchrun's
-    ``LOCAL_WORLD_SIZE``): the planner then also chooses flat or hierarchical."""
-    if "auto" not in (options.get("plan"), options.get("planner")) \
-            or algorithm in (None, "none") or options.get("transport") is not None:
-        return False
-    import os
-
-    import torch.distributed as dist
-
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if not local.isdigit() or not dist.is_initialized():
-        return False
-    group = options.get("group")
-    world = dist.get_world_size()
-    whole = group is None or dist.get_world_size(group) == world
-    return whole and 1 < int(local) < world and world % int(local) == 0
-
-
 class Synchronizer:
     """Averages gradients across the ranks of a Gloo group with compression-aware graphs.
 
@@ -65,21 +45,18 @@ class Synchronizer:
     not per tensor. A chunk starts as soon as it is full; ``end_step`` (or
     ``synchronize``) sends the rest.
 
+    One level over one group; ``casync.engine`` builds it, or a hierarchical engine
+    (``casync.hierarchy``), from the same arguments.
+
     Args:
-        algorithm: the CompLL algorithm for compressed tensors, or ``"none"``.
-        topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``), or
-            ``hierarchical``: uncompressed inside each node, ``algorithm`` across nodes;
-            the engine is then a ``casync.hierarchy.Hierarchical``, which also takes
-            ``across=`` (the topology across nodes), ``ranks_per_node=`` (default
-            ``LOCAL_WORLD_SIZE``) and ``intra_dtype=``.
+        algorithm: the CompLL algorithm for compressed tensors, or ``"none"``; or the
+            settings already checked (a ``casync.settings.EngineConfig``, as
+            ``casync.engine`` passes them), and then none of the settings below.
+        topology: ``ps``, ``ring`` or ``allgather`` (see ``casync.graphs``).
         planner: decides per tensor: a ``Planner``; or a plan name as ``plan`` takes.
         plan: ``"static"`` (the default): a ``StaticPlanner`` over the above with
             ``min_compress``; ``"auto"``: a ``CostPlanner`` on this group's measured costs
-            (profiled once at start-up, then cached). The wrappers' ``plan=``. On a job
-            of several nodes (``LOCAL_WORLD_SIZE`` below the world) ``"auto"`` also
-            chooses per tensor between a flat topology and ``hierarchical``
-            (``casync.hierarchy``; the profile then fits the links inside and between
-            nodes apart).
+            (profiled once at start-up, then cached). The wrappers' ``plan=``.
         min_compress: static plans allreduce tensors below this many elements.
         error_feedback: keep residuals; ``None`` means on for biased algorithms only.
         group: the process group (Gloo); default the world.
@@ -94,7 +71,7 @@ class Synchronizer:
             ``"auto"``: nccl when the default group is NCCL; default
             ``HIPRESS_CUDA_TRANSPORT``, else auto.
         nccl_group: the NCCL group over the same ranks as ``group`` (default the world).
-        trace: record task timings in ``executor.trace``.
+        trace: record task timings (``take_trace``).
         guard: apply the engine's rules on top of the plan (``casync.guard``): the first
             steps uncompressed, and tensors whose averaged gradient was mostly exact zeros
             then (embeddings) never compressed. The plugins' wrappers turn it on.
@@ -111,31 +88,12 @@ class Synchronizer:
         >>> sync.synchronize()   # every p.grad now holds the average over ranks
     """
 
-    def __new__(cls, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps",
-                **options: Any) -> Any:
-        if cls is Synchronizer and (topology == HIERARCHICAL
-                                    or _on_nodes(algorithm, options)):
-            from .hierarchy import Hierarchical
-
-            if topology == HIERARCHICAL:
-                return Hierarchical(algorithm, topology, **options)
-            # plan="auto" on several nodes: each tensor flat or hierarchical
-            return Hierarchical(algorithm, HIERARCHICAL, across=topology, levels="auto",
-                                **options)
-        return super().__new__(cls)
-
-    def __init__(self, algorithm: str | None = DEFAULT_ALGORITHM, topology: str = "ps", *,
-                 planner: Planner | str | None = None, plan: str | None = None,
-                 min_compress: int | None = None, error_feedback: bool | None = None,
-                 group: Any = None, timeout: float | None = None,
-                 chunk_elems: int = CHUNK_ELEMS, seed: int = 0,
-                 target: str = "auto", transport: Transport | None = None,
-                 cuda_transport: str | Transport | None = None, nccl_group: Any = None,
-                 trace: bool = False, guard: bool = False, **params: Any) -> None:
+    def __init__(self, algorithm: str | None | EngineConfig = DEFAULT_ALGORITHM,
+                 topology: str = "ps", *, planner: Planner | str | None = None,
+                 group: Any = None, transport: Transport | None = None,
+                 nccl_group: Any = None, trace: bool = False, **options: Any) -> None:
         try:
-            self.config = EngineConfig.of(algorithm, topology, planner, plan, min_compress,
-                                          error_feedback, timeout, chunk_elems, seed, target,
-                                          cuda_transport, params, guard)
+            self.config = _config(algorithm, topology, planner, options)
         except ConfigError as exc:
             # the other ranks learn it at their settings check instead of waiting on this one
             publish_invalid(exc, transport.group if transport is not None else group)
@@ -167,6 +125,31 @@ class Synchronizer:
                            config.chunk_elems, settings.timeout,
                            Guard() if settings.guard else None)
         lifecycle.register(self)  # closed before its group is destroyed, or at exit
+
+    # -- what every engine reports (casync.Engine) ---------------------------------
+
+    @property
+    def error(self) -> BaseException | None:
+        """What broke the engine (a ``SyncError``), or None while it works."""
+        return self.executor.error
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this rank has sent since the engine started."""
+        return int(self.transport.bytes_sent)
+
+    @property
+    def group(self) -> Any:
+        """The process group the engine runs on."""
+        return self.transport.group
+
+    def take_trace(self) -> list[Any] | None:
+        """The tasks run since the last call (lane, name, start, end), and a fresh record;
+        None unless built with ``trace=True``."""
+        taken = self.executor.trace
+        if taken is not None:
+            self.executor.trace = []
+        return taken
 
     # -- configuration ------------------------------------------------------------------
 
@@ -361,10 +344,12 @@ class Synchronizer:
         """
         self.steps.end()
 
-    def close(self) -> None:
+    def close(self, wait: float | None = None) -> None:
         """Let the last step's messages leave, then stop the engine's threads (the
-        process group stays up). ``dist.destroy_process_group()`` and the interpreter's
-        exit call it for engines still open (``casync.lifecycle``)."""
+        process group stays up) and wait up to ``wait`` seconds for them; by default 5,
+        or none for a failed engine, whose threads may sit in Gloo until its group's
+        connections are cut. ``dist.destroy_process_group()`` and the interpreter's exit
+        call it for engines still open (``casync.lifecycle``)."""
         try:
             if self.executor.error is None:
                 self.end_step()
@@ -373,12 +358,14 @@ class Synchronizer:
             lifecycle.forget(self)
             self.executor.close()
             self.health.close()
-            if self.executor.error is None:
+            if wait is None:
+                wait = 5.0 if self.executor.error is None else 0.0
+            if wait > 0:
                 # The lanes drop their last tasks, and the tensors those reach, now: freed
                 # by a lane while the interpreter finalizes, a tensor aborts the process
                 # (casync.teardown). A failed engine's lanes may sit in Gloo instead;
                 # hipress.distributed cuts its connections before it waits for them.
-                self.executor.join(5.0)
+                self.executor.join(wait)
 
     # -- measuring itself -----------------------------------------------------------------
 
@@ -412,3 +399,23 @@ class Synchronizer:
         finally:
             sync.close()
         return statistics.median(times)
+
+
+def _config(algorithm: str | None | EngineConfig, topology: str, planner: Any,
+            options: dict[str, Any]) -> EngineConfig:
+    """The engine's checked settings: ``algorithm`` when it is already an ``EngineConfig``
+    (``casync.engine`` and the plugins check once and pass it down), else the arguments
+    checked now."""
+    if isinstance(algorithm, EngineConfig):
+        if options:
+            raise ConfigError(f"an engine built from checked settings takes no more of them "
+                              f"({', '.join(sorted(options))})")
+        config = algorithm
+        if planner is not None and not isinstance(planner, str):
+            config = config.planned_by_caller()
+    else:
+        config = EngineConfig.of(algorithm, topology, planner, **options)
+    if config.settings.topology == HIERARCHICAL:
+        raise ConfigError("a Synchronizer is one level; build a hierarchical engine with "
+                          "casync.engine(algorithm, 'hierarchical', ...)")
+    return config

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,31 @@ def load_source(source: str, path: str = "<string>", name: str | None = None,
     Example:
         >>> prog = load_source(open("dsl/onebit.cll").read(), "dsl/onebit.cll")
     """
+    name = name or Path(path).stem
+    try:
+        key: Any = (source, path, name, tuple(sorted((params or {}).items())))
+        hash(key)
+    except TypeError:  # an unhashable parameter value: the checker will say what is wrong
+        key = None
+    with _checked_lock:
+        cached = _checked.get(key) if key is not None else None
+    if cached is not None:
+        return cached
     items, smap = parse(source, path)
     dump_stage("parse", items)
-    program = check(items, smap, name or Path(path).stem, params)
+    program = check(items, smap, name, params)
     dump_stage("check", program)
+    if key is not None:
+        with _checked_lock:
+            _checked[key] = program
     return program
+
+
+# Checked programs by source text, path, name and parameters: every layer that needs the
+# program (the settings' check, the engine's codecs, the planner) asks for it, and a file
+# edited on disk has new text, so it is checked again. Programs are frozen.
+_checked: dict[Any, ir.Program] = {}
+_checked_lock = threading.Lock()
 
 
 def read_source(path: str | os.PathLike[str]) -> str:

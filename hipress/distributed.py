@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from casync import Synchronizer, lifecycle
+from casync import Engine, engine, lifecycle
 from casync.lifecycle import let_gloo_release
 from casync.plan import MIN_COMPRESS
-from casync.settings import Settings, default_algorithm, publish_invalid
+from casync.settings import EngineConfig, default_algorithm, publish_invalid
 from casync.teardown import Connections
 
 from .errors import ConfigError
@@ -117,14 +117,13 @@ def gloo_group() -> Any:
     return _state["group"]
 
 
-def synchronizer(algorithm: str, group: Any = None, **options: Any) -> Any:
-    """A CaSync ``Synchronizer`` on the plugin's Gloo group, or on ``group`` (a Gloo
-    subgroup, as HSDP's replicas; see ``casync.Synchronizer``)."""
+def synchronizer(config: EngineConfig | str, group: Any = None, **options: Any) -> Engine:
+    """A CaSync engine (``casync.engine``) on the plugin's Gloo group, or on ``group`` (a
+    Gloo subgroup, as HSDP's replicas), from checked settings or the arguments to check."""
     _require()
-    engine = Synchronizer(algorithm, group=group if group is not None else _state["group"],
-                          **options)
-    _engines.add(engine)
-    return engine
+    made = engine(config, group=group if group is not None else _state["group"], **options)
+    _engines.add(made)
+    return made
 
 
 class EngineOptions:
@@ -163,8 +162,11 @@ class EngineOptions:
         self.trace = bool(trace)  # the engine records its tasks (not a setting ranks share)
         try:
             algorithm = default_algorithm() if algorithm is None else algorithm
-            self.settings = Settings.of(algorithm, topology, plan, min_compress,
-                                        error_feedback, timeout, guard, **params)
+            #: checked once, here; the engine is built from it as it is
+            self.config = EngineConfig.of(algorithm, topology, plan=plan,
+                                          min_compress=min_compress,
+                                          error_feedback=error_feedback, timeout=timeout,
+                                          guard=guard, **params)
         except ConfigError as exc:
             publish_invalid(exc)  # when the job has joined its process group
             raise
@@ -188,15 +190,16 @@ class EngineOptions:
     #: replicas, DiLoCo's
     group: Any = None
 
-    def engine(self) -> Any:
-        """A ``Synchronizer`` with these options on ``group`` (joins the job first)."""
+    @property
+    def settings(self) -> Any:
+        """The user's settings, checked (``casync.settings.Settings``)."""
+        return self.config.settings
+
+    def engine(self) -> Engine:
+        """An engine with these settings on ``group`` (joins the job first)."""
         if not is_initialized():
             init()
-        return synchronizer(self.algorithm, group=self.group, topology=self.topology,
-                            plan=self.plan,
-                            min_compress=self.min_compress,
-                            error_feedback=self.error_feedback, timeout=self.timeout,
-                            trace=self.trace, guard=self.guard, **self.params)
+        return synchronizer(self.config, group=self.group, trace=self.trace)
 
 
 class LazyEngine:
@@ -320,16 +323,14 @@ def shutdown() -> None:
 def _release(engines: list[Any]) -> bool:
     """Close ``engines``; when one failed, cut the group's connections and wait (bounded)
     for their threads to leave Gloo. Whether one had failed."""
-    broken = any(e.executor.error is not None for e in engines)
+    broken = any(e.error is not None for e in engines)
     if broken:
-        _connections.cut()
-    for engine in engines:
+        _connections.cut()  # the failed engines' threads leave Gloo, and close waits
+    for each in engines:
         try:
-            engine.close()
+            each.close(5.0 if broken else None)
         except Exception:  # noqa: BLE001 - a failed engine's close re-raises nothing new
             pass
-        if broken:
-            engine.executor.join(5.0)
     return broken
 
 
@@ -352,7 +353,7 @@ def _at_exit() -> None:
         register = atexit.register
 
     def release() -> None:
-        engines = [e for e in list(_engines) if e.executor.error is not None]
+        engines = [e for e in list(_engines) if e.error is not None]
         if engines:
             _release(engines)
 
@@ -372,7 +373,7 @@ def _group_destroyed(group: Any) -> None:
     engines on it: forget them, and the group if it was ours or the default one."""
     if group is None or group is _state["group"]:
         for engine in [e for e in list(_engines) if group is None
-                       or e.transport.group is group]:
+                       or e.group is group]:
             _engines.discard(engine)
         _state.update(group=None, initialized=False, owns_group=False)
 

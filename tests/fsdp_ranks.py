@@ -190,12 +190,12 @@ def scatter(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     Arrays: every step's result (``out{step}``)."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer
+    from casync import StaticPlanner, engine
     from casync.plan import SCATTER
 
     ranks._stand_in(args)  # with ``device``: the CUDA path, on CPU tensors
     algo = args["algorithm"]
-    sync = Synchronizer(algo, planner=StaticPlanner(algo, SCATTER, min_compress=0),
+    sync = engine(algo, planner=StaticPlanner(algo, SCATTER, min_compress=0),
                         chunk_elems=args.get("chunk_elems", 16384), timeout=60,
                         error_feedback=args.get("error_feedback"),
                         target=args.get("target", "auto"))

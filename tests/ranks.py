@@ -194,7 +194,7 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Every (algorithm, topology) on the TENSORS; returns the synchronized values."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer
+    from casync import StaticPlanner, engine
     from hipress import ConfigError
 
     _stand_in(args)
@@ -205,7 +205,7 @@ def strategies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     for algo in args.get("algos", ALGOS):
         for topo in args.get("topologies", TOPOLOGIES):
             planner = StaticPlanner(algo, topo, min_compress=512, partition_bytes=16 << 10)
-            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=8192, timeout=60,
+            sync = engine(algo, topo, planner=planner, chunk_elems=8192, timeout=60,
                                 target=args.get("target", "auto"))
             tensors = [_torch_tensor(data(rank, i, n), dt, c)
                        for i, (n, dt, c) in enumerate(TENSORS)]
@@ -245,13 +245,13 @@ def feedback(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """50 steps of a fixed gradient stream; returns the synchronized running sums."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer
+    from casync import StaticPlanner, engine
 
     _stand_in(args)
     n, steps = 20_000, args.get("steps", 50)
     algo, topo = args["algo"], args["topology"]
     planner = StaticPlanner(algo, topo, min_compress=0, partition_bytes=n * 4)
-    sync = Synchronizer(algo, topo, planner=planner, target=args.get("target", "auto"),
+    sync = engine(algo, topo, planner=planner, target=args.get("target", "auto"),
                         error_feedback=args.get("error_feedback"), timeout=60)
     total = np.zeros(n, np.float64)
     for step in range(steps):
@@ -278,7 +278,7 @@ def nonfinite(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     tensors came back holding a non-finite value in each of the two steps."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer
+    from casync import StaticPlanner, engine
 
     _stand_in(args)
     victim = args["victim"]
@@ -288,7 +288,7 @@ def nonfinite(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             # hierarchical: ps across nodes of LOCAL_WORLD_SIZE ranks
             planner = StaticPlanner(algo, "ps" if topo == "hierarchical" else topo,
                                     min_compress=1000, partition_bytes=64 << 10)
-            sync = Synchronizer(algo, topo, planner=planner, chunk_elems=1 << 16, timeout=60)
+            sync = engine(algo, topo, planner=planner, chunk_elems=1 << 16, timeout=60)
             for kind, bad in (("nan", np.nan), ("+inf", np.inf), ("-inf", -np.inf)):
                 steps = []
                 for step in range(2):
@@ -310,9 +310,9 @@ def wait_first(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     averages and the seconds each wait took."""
     import torch
 
-    from casync import Synchronizer
+    from casync import engine
 
-    sync = Synchronizer(args["algo"], "ps", min_compress=0, timeout=30)
+    sync = engine(args["algo"], "ps", min_compress=0, timeout=30)
     waits, arrays = [], {}
     for step in range(2):
         a = torch.from_numpy(data(rank, 0, 5000, step))
@@ -335,10 +335,10 @@ def fault(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     Mode ``gone``: it dies, and the others start step 2 only once it is gone."""
     import torch
 
-    from casync import Synchronizer
+    from casync import engine
     from hipress import SyncError
 
-    sync = Synchronizer(args["algo"], args["topology"], timeout=args["timeout"])
+    sync = engine(args["algo"], args["topology"], timeout=args["timeout"])
     start = 0.0
     try:
         for step in range(4):
@@ -363,10 +363,10 @@ def hierarchical(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     same data. Saves every step's results."""
     import torch.distributed as dist
 
-    from casync import Synchronizer
+    from casync import engine
 
     world = dist.get_world_size()
-    sync = Synchronizer(args["algo"], "hierarchical", across=args.get("across", "ps"),
+    sync = engine(args["algo"], "hierarchical", across=args.get("across", "ps"),
                         intra_dtype=args.get("intra_dtype", "float32"), min_compress=1000,
                         pack_elems=args.get("pack_elems", 50_000), timeout=60)
     results, references = [], []
@@ -394,7 +394,7 @@ def hierarchical(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """Rank 1 starts with a different (or an invalid) setting; every rank reports what it
     raised and how long it took."""
-    from casync import Synchronizer
+    from casync import engine
     from hipress import ConfigError, SyncError
 
     settings = dict(args["base"])
@@ -403,7 +403,7 @@ def mismatch(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     algo = settings.pop("algorithm")
     start = time.monotonic()
     try:
-        Synchronizer(algo, **settings).close()
+        engine(algo, **settings).close()
     except (ConfigError, SyncError) as exc:
         return {"error": str(exc), "type": type(exc).__name__,
                 "after": time.monotonic() - start}
@@ -414,7 +414,7 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """A transport that takes 0.2 s per message; returns the executor's task trace."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer, Transport
+    from casync import StaticPlanner, Transport, engine
 
     class SlowTransport(Transport):
         def wait(self, handle: Any, timeout: float) -> None:
@@ -423,12 +423,13 @@ def pipeline(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     n = 400_000  # four chunks of one tensor
     planner = StaticPlanner("onebit", args["topology"])
-    sync = Synchronizer("onebit", args["topology"], planner=planner, transport=SlowTransport(),
+    sync = engine("onebit", args["topology"], planner=planner, transport=SlowTransport(),
                         trace=True, timeout=60, chunk_elems=n // 4)
     sync.submit("big", torch.from_numpy(data(rank, 0, n)))
     sync.synchronize()
-    assert sync.executor.trace is not None
-    return {"trace": sync.executor.trace}
+    trace = sync.take_trace()
+    assert trace is not None
+    return {"trace": trace}
 
 
 def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
@@ -438,7 +439,7 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     import torch
 
-    from casync import StaticPlanner, Synchronizer, Transport
+    from casync import StaticPlanner, Transport, engine
 
     class Counting(Transport):
         def __init__(self) -> None:
@@ -458,7 +459,7 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         algo = "none" if topo == "none" else args.get("algo", "onebit")
         for count in (10, 200):
             transport = Counting()
-            sync = Synchronizer(algo, "ps" if topo == "none" else topo, transport=transport,
+            sync = engine(algo, "ps" if topo == "none" else topo, transport=transport,
                                 planner=StaticPlanner(algo, topo if topo != "none" else "ps",
                                                       min_compress=0), timeout=60)
             tensors = [torch.from_numpy(data(rank, i, 200_000 // count)) for i in range(count)]
@@ -494,10 +495,10 @@ def messages(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
 def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """``planner="auto"``: profile once (or load the cache), plan, synchronize twice."""
-    from casync import Synchronizer
+    from casync import engine
 
     sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
-    sync = Synchronizer(args["algo"], planner="auto", timeout=60)
+    sync = engine(args["algo"], planner="auto", timeout=60)
     arrays = {}
     for step in range(2):
         tensors = [_torch_tensor(data(rank, i, n, step), "float32", True)
@@ -519,10 +520,10 @@ def auto_plan(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 def auto_levels(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     """``plan="auto"`` on nodes of ``LOCAL_WORLD_SIZE`` ranks: profiled with both links,
     each tensor flat or hierarchical; two steps."""
-    from casync import Synchronizer
+    from casync import engine
 
     sizes = [n for n, _, _ in TENSORS] + [300_000, 1_000_000]
-    sync = Synchronizer(args["algo"], plan="auto", timeout=120)
+    sync = engine(args["algo"], plan="auto", timeout=120)
     measured: Any = getattr(sync, "chooser", None)
     if args.get("split") and measured is not None:  # both ways in one step, by size
         class Split:
@@ -556,7 +557,7 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     copied from device to host memory, the bytes it sent, and the gradients' own bytes."""
     import torch
 
-    from casync import StaticPlanner, Synchronizer, devices
+    from casync import StaticPlanner, devices, engine
 
     _stand_in(args)
     copied = [0]
@@ -569,7 +570,7 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     devices.TorchMemory.to_host = counting  # type: ignore[method-assign]
     sizes, steps = [1000, 50_000, 300_000], 3
     topo = args["topology"]
-    sync = Synchronizer("onebit", topo, planner=StaticPlanner("onebit", topo, min_compress=0),
+    sync = engine("onebit", topo, planner=StaticPlanner("onebit", topo, min_compress=0),
                         timeout=60)
     for step in range(steps):
         for i, n in enumerate(sizes):
@@ -577,7 +578,7 @@ def host_copies(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
             sync.submit(f"t{i}", g.cuda() if args.get("cuda") else g)
         sync.synchronize()
     sync.close()
-    return {"copied": copied[0], "sent": sync.transport.bytes_sent,
+    return {"copied": copied[0], "sent": sync.bytes_sent,
             "gradients": 4 * steps * sum(sizes)}
 
 
@@ -601,9 +602,9 @@ def guarded(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     dense gradient for ``steps`` steps: each step's averages, and what the guard decided."""
     import torch
 
-    from casync import Synchronizer
+    from casync import engine
 
-    sync = Synchronizer(args["algo"], args.get("topology", "ps"), guard=True, timeout=60)
+    sync = engine(args["algo"], args.get("topology", "ps"), guard=True, timeout=60)
     arrays = {}
     for step in range(args.get("steps", 5)):
         emb, dense = (torch.from_numpy(a) for a in guard_data(rank, step))
@@ -613,7 +614,7 @@ def guarded(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     np.savez(out / f"rank{rank}.npz", **arrays)
     state = sync.state_dict()
     sync.close()
-    return {"guard": state["guard"], "sent": sync.transport.bytes_sent}
+    return {"guard": state["guard"], "sent": sync.bytes_sent}
 
 
 SCENARIOS: dict[str, Any] = {f.__name__: f for f in (strategies, feedback, nonfinite,
@@ -900,6 +901,13 @@ def misuse(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
         messages["zero_grad"] = f"{type(exc).__name__}: {exc}"
     torch.nn.functional.cross_entropy(model(x[:8]), y[:8]).backward()
     opt.step()
+    # without its hooks, backward leaves each rank's own gradient (another batch a rank)
+    opt.remove_hooks()
+    opt.zero_grad()
+    batch = slice(8 * rank + 8, 8 * rank + 16)
+    torch.nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
+    opt.step()
+    messages["local grad"] = float(next(model.parameters()).grad.double().sum())
     return messages
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import ranks
@@ -637,3 +639,101 @@ def test_the_engine_on_the_reference_interpreter_gives_the_kernels_bits(tmp_path
             assert sorted(h) == sorted(e) and len(h) > 1
             for key in h:
                 assert h[key].tobytes() == e[key].tobytes(), (scenario, key)
+
+
+@pytest.mark.parametrize("algo,params", [("dgc", {"ratio": 0.01}), ("cgx", {"bits": 4}),
+                                         ("onebit", {})])
+def test_building_an_engine_checks_its_program_once(monkeypatch, algo, params):
+    """The wrapper's settings, the engine and its codecs all need the program: the file is
+    parsed and checked once (``compll.load`` caches by file text and parameters)."""
+    import compll.compiler as compiler
+    from casync import engine
+    from hipress.distributed import EngineOptions
+
+    monkeypatch.setattr(compiler, "_checked", {})
+    parses = []
+    real = compiler.parse
+    monkeypatch.setattr(compiler, "parse", lambda *a: parses.append(a[1]) or real(*a))
+    options = EngineOptions(algo, **params)
+    sync = engine(options.config, transport=_Alone())
+    sync.codec_params()  # the codec of the plan's algorithm, built
+    assert [Path(p).name for p in parses] == [f"{algo}.cll"]
+    sync.close()
+
+
+def test_a_cll_file_edited_on_disk_is_checked_again(tmp_path):
+    import compll
+
+    source = (Path(compll.compiler.dsl_dir()) / "onebit.cll").read_text()
+    path = tmp_path / "mine.cll"
+    path.write_text(source)
+    first = compll.load(str(path))
+    assert compll.load(str(path)) is first  # the same text: the same checked program
+    path.write_text(source + "\n# edited\n")
+    assert compll.load(str(path)) is not first
+
+
+@pytest.mark.parametrize("field,bad", [("timeout", -1), ("min_compress", -1),
+                                       ("chunk_elems", 0), ("error_feedback", "yes"),
+                                       ("guard", "yes"), ("plan", "fast")])
+def test_a_bad_setting_fails_in_its_one_validator(monkeypatch, field, bad):
+    """Every entry (the wrappers' options, ``casync.engine``, a ``Synchronizer``) checks
+    through ``EngineConfig.of``: counted, it runs once per construction."""
+    from casync import Synchronizer, engine
+    from casync.settings import EngineConfig
+    from hipress.distributed import EngineOptions
+
+    calls = []
+    real = EngineConfig.of.__func__
+    monkeypatch.setattr(EngineConfig, "of", classmethod(
+        lambda cls, *a, **k: calls.append(1) or real(cls, *a, **k)))
+    makers = [lambda: engine("onebit", **{field: bad}),
+              lambda: Synchronizer("onebit", transport=_Alone(), **{field: bad})]
+    if field != "chunk_elems":  # the engine's own knob, not a wrapper's
+        makers.append(lambda: EngineOptions("onebit", **{field: bad}))
+    for make in makers:
+        calls.clear()
+        with pytest.raises(ConfigError, match=field):
+            make()
+        assert len(calls) == 1
+
+
+def test_every_engine_offers_the_engine_interface_and_nothing_routes_around_it():
+    import ast
+
+    from casync import Engine
+    from casync.hierarchy import Hierarchical
+
+    sync = _engine()
+    assert isinstance(sync, Engine)
+    assert sync.error is None and sync.bytes_sent == 0 and sync.take_trace() is None
+    sync.close()
+    members = {n for n in vars(Engine) if not n.startswith("_")}
+    assert members <= set(dir(Hierarchical)) | {"error"}  # error: an attribute it sets
+    # the plugins and the facade read an engine through the interface only
+    inside = {"executor", "transport", "steps", "codecs", "links", "health", "inner", "wire"}
+    root = Path(__file__).resolve().parent.parent
+    reached = []
+    for path in [*(root / "plugins").rglob("*.py"), *(root / "hipress").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in inside and \
+                    isinstance(node.value, (ast.Name, ast.Attribute)) and \
+                    getattr(node.value, "attr", getattr(node.value, "id", "")) in (
+                        "sync", "engine", "replica_sync", "e", "each", "made"):
+                reached.append(f"{path.relative_to(root)}:{node.lineno}: .{node.attr}")
+    assert not reached, reached
+
+
+def test_a_synchronizer_is_one_level_and_the_factory_builds_the_hierarchy():
+    from casync import Synchronizer
+
+    with pytest.raises(ConfigError, match="casync.engine"):
+        Synchronizer("onebit", "hierarchical", transport=_Alone())
+    with pytest.raises(ConfigError, match="across.*hierarchical"):
+        _engine_of("onebit", "ps", across="ring")
+
+
+def _engine_of(*args, **options):
+    from casync import engine
+
+    return engine(*args, transport=_Alone(), **options)

@@ -41,10 +41,10 @@ def test_a_layout_numbers_ranks_node_by_node(monkeypatch):
                                        ({"levels": "flat"}, "levels"),
                                        ({"timeout": -1}, "timeout")])
 def test_bad_settings_fail_construction_naming_them(bad, field):
-    from casync import Synchronizer
+    from casync import engine
 
     with pytest.raises(ConfigError, match=field):
-        Synchronizer("onebit", "hierarchical", ranks_per_node=2, **bad)
+        engine("onebit", "hierarchical", ranks_per_node=2, **bad)
 
 
 @pytest.mark.parallel

@@ -46,7 +46,7 @@ BAD_SETTINGS = [
 
 @pytest.mark.parametrize("settings,message", BAD_SETTINGS)
 def test_every_wrapper_refuses_a_bad_setting_at_construction(settings, message):
-    from casync import Synchronizer
+    from casync import engine
     from hipress import ConfigError
 
     model = torch.nn.Linear(4, 2)
@@ -54,7 +54,7 @@ def test_every_wrapper_refuses_a_bad_setting_at_construction(settings, message):
               lambda: hp.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                               named_parameters=model.named_parameters(),
                                               **settings),
-              lambda: Synchronizer(**settings)]
+              lambda: engine(**settings)]
     for make in makers:
         with pytest.raises(ConfigError) as info:
             make()
@@ -244,12 +244,14 @@ def test_bf16_gradients_and_gradient_accumulation(tmp_path):
 
 
 @pytest.mark.parallel
-def test_optimizer_misuse_gets_actionable_errors(tmp_path):
+def test_optimizer_misuse_gets_actionable_errors_and_its_hooks_come_off(tmp_path):
     results = ranks.launch(2, "misuse", tmp_path)
     for r in results:
         assert r["rc"] == 0, r["log"][-3000:]
         assert "backward_passes_per_step=1" in r["backward"], r
         assert "zero_grad" not in r, r
+    # after remove_hooks() nothing is averaged: each rank keeps its own batch's gradient
+    assert results[0]["local grad"] != results[1]["local grad"]
 
 
 @pytest.mark.parallel

@@ -43,7 +43,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from casync.settings import agree, default_timeout
+from casync import Engine
+from casync.settings import agree
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
@@ -185,10 +186,9 @@ class DiLoCo:
                "fragment_sync_delay": self.fragment_sync_delay,
                "fragment_update_alpha": self.fragment_update_alpha,
                "parameters": _shapes(self.fragments)},
-              self.group, self.rank, self.size,
-              default_timeout() if timeout is None else float(timeout))
+              self.group, self.rank, self.size, options.settings.timeout)
         options.group = self.group
-        self.engine = options.engine()
+        self.engine: Engine = options.engine()
         self.outer_optimizer = outer_optimizer if outer_optimizer is not None else \
             torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM,
                             nesterov=OUTER_MOMENTUM > 0)
@@ -373,7 +373,7 @@ class DiLoCo:
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank has sent for the outer synchronization so far."""
-        return int(self.engine.transport.bytes_sent)
+        return int(self.engine.bytes_sent)
 
 
 def _shard(p: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultReduceScatter,
 )
 
+from casync import Engine
 from casync.guard import WARMUP_STEPS
 from casync.plan import COMPRESSED, MIN_COMPRESS, SCATTER, StaticPlanner
 from compll.codec import Codec, codec
@@ -54,14 +55,13 @@ class _ScatterOptions(core.EngineOptions):
     plans every buffer it is given as a compressed reduce-scatter (smaller ones never
     reach it, see ``_Comm``)."""
 
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         if not core.is_initialized():
             core.init()
         planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm, SCATTER,
                                 min_compress=self.min_compress, **self.params)
-        return core.synchronizer(self.algorithm, group=self.group, planner=planner,
-                                 error_feedback=self.error_feedback, timeout=self.timeout,
-                                 trace=self.trace, **self.params)
+        return core.synchronizer(self.config, group=self.group, planner=planner,
+                                 trace=self.trace)
 
 
 class FSDPState:
@@ -116,8 +116,8 @@ class FSDPState:
         self._engine = core.LazyEngine(self.options)
         self._replica_engine = core.LazyEngine(self.replica_options)
         self.replicate_group: Any = None  # HSDP: this rank's replicas (compress_fsdp)
-        self.sync: Any = None
-        self.replica_sync: Any = None
+        self.sync: Engine | None = None
+        self.replica_sync: Engine | None = None
         self._in_backward = False
         #: FSDP modules given a compressed reduce-scatter, in the order of ``modules()``
         self.modules: list[str] = []
@@ -132,7 +132,7 @@ class FSDPState:
             else self.reduce_scatter
         return wanted and self.algorithm != "none"
 
-    def synchronizer(self) -> Any:
+    def synchronizer(self) -> Engine:
         """The engine, created (and the settings agreed by every rank) on first use;
         with HSDP, the replicas' engine too."""
         if self.sync is None or not core.is_live(self.sync):
@@ -168,7 +168,7 @@ class FSDPState:
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank has sent through the engines so far."""
-        return sum(int(e.transport.bytes_sent) for e in (self.sync, self.replica_sync)
+        return sum(int(e.bytes_sent) for e in (self.sync, self.replica_sync)
                    if e is not None)
 
     @staticmethod
@@ -194,7 +194,7 @@ class FSDPState:
 
         torch.autograd.Variable._execution_engine.queue_callback(end)
 
-    def _reduce(self, sync: Any, name: str, tensor: torch.Tensor) -> None:
+    def _reduce(self, sync: Engine, name: str, tensor: torch.Tensor) -> None:
         """Average ``tensor`` through ``sync`` in place, waiting for it (a ``SyncError``
         as itself)."""
         self._begin()
@@ -203,7 +203,7 @@ class FSDPState:
         try:
             future.wait()
         except Exception:
-            error = sync.executor.error
+            error = sync.error
             if error is not None:
                 raise error from None
             raise

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from casync import Engine
 from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
 from hipress.breakdown import StepTrace
@@ -60,7 +61,7 @@ class HookState:
         self.topology = topology
         # internal state, created on the first bucket (the process group exists by then)
         self._engine = core.LazyEngine(self.options)
-        self.sync: Any = None
+        self.sync: Engine | None = None
         self._step_futures: list[torch.futures.Future[Any]] | None = None
         self._error: BaseException | None = None  # the engine did not start this step
         #: a parameter (by identity) -> its name in the engine, in the order DDP first
@@ -70,7 +71,7 @@ class HookState:
         self.steps = 0
         self._trace: StepTrace | None = StepTrace() if trace else None
 
-    def synchronizer(self) -> Any:
+    def synchronizer(self) -> Engine:
         if self.sync is None or not core.is_live(self.sync):
             self.sync = self._engine.get()
         return self.sync
@@ -98,14 +99,15 @@ class HookState:
         if self._trace is None:
             return None
         taken, self._trace = self._trace, StepTrace()
-        if self.sync is not None and self.sync.executor.trace is not None:
-            taken.tasks, self.sync.executor.trace = self.sync.executor.trace, []
+        tasks = self.sync.take_trace() if self.sync is not None else None
+        if tasks is not None:
+            taken.tasks = tasks
         return taken
 
     @property
     def bytes_sent(self) -> int:
         """Bytes this rank has sent through the hook so far."""
-        return 0 if self.sync is None else int(self.sync.transport.bytes_sent)
+        return 0 if self.sync is None else int(self.sync.bytes_sent)
 
     def __getstate__(self) -> dict[str, Any]:
         # Engines, process groups, futures and object ids do not travel in pickles.
@@ -156,7 +158,7 @@ class HookState:
             try:
                 future.wait()
             except Exception:
-                error = self.sync.executor.error if self.sync is not None else None
+                error = self.sync.error if self.sync is not None else None
                 if error is not None:
                     raise error from None
                 raise

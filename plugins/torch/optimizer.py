@@ -46,6 +46,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for g in self.param_groups for p in g["params"] if p.requires_grad]
 
+    def remove_hooks(self) -> None:
+        """Stop averaging: backward leaves gradients local from now on (torchft's
+        ``LocalSGD`` removes its hooks on exit alike). ``step``, ``zero_grad`` and the
+        state keep working; the engine stays for ``state_dict``."""
+        if self._submitted:
+            raise ConfigError("remove_hooks() came while gradients were being averaged; "
+                              "call it after optimizer.step()")
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+        self._counts.clear()
+
     def _on_grad(self, p: torch.Tensor) -> None:
         if p in self._submitted or p in self._averaged:
             raise ConfigError(
