@@ -51,6 +51,7 @@ test: test-core test-tf test-mx
 
 test-core: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy --explicit-package-bases plugins  # plugins against casync.Engine
 	$(BIN)/python -m pytest -q tests
 
 test-tf: $(TF_STAMP)
@@ -84,6 +85,7 @@ gpu-check:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy hipress_base hipress compll casync
+	$(BIN)/mypy --explicit-package-bases plugins  # as plugins.torch, beside torch itself
 
 clean:
 	rm -rf $(VENV) $(TF_VENV) $(MX_VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -64,8 +64,9 @@ from hipress.cliargs import (  # noqa: E402
     rate,
 )
 from hipress.distributed import destroy_process_group  # noqa: E402
-from hipress.hosts import bind_to_master, loopback, parse_rate, shaped  # noqa: E402
+from hipress.hosts import loopback, parse_rate, shaped  # noqa: E402
 from hipress.launcher import run_on_hosts  # noqa: E402
+from hipress.network import bind_to_master  # noqa: E402
 from hipress.output import console as make_console  # noqa: E402
 
 RESULTS = HERE / "results"

@@ -32,34 +32,28 @@ from typing import Any
 from hipress_base.errors import ConfigError, SyncError
 
 from . import lifecycle, staging
-from .levels import Batch, Layout, Pack, PackEntry, Segment, Wire, make_groups, reject
-from .plan import COMPRESSED, HIERARCHICAL
+from .levels import (
+    INTRA_DTYPES,
+    LEVEL_OPTIONS,
+    PACK_ELEMS,
+    Batch,
+    Layout,
+    Pack,
+    PackEntry,
+    Packer,
+    Wire,
+    check_levels,
+    make_groups,
+    reject,
+)
+from .nodelevels import NodeLevels
+from .plan import HIERARCHICAL
 from .settings import EngineConfig, agree, publish_invalid
 
-__all__ = ["Hierarchical", "Layout", "INTRA_DTYPES", "PACK_ELEMS"]
+__all__ = ["Hierarchical", "Layout", "INTRA_DTYPES", "PACK_ELEMS", "LEVEL_OPTIONS"]
 
-#: The dtypes the intra-node levels may travel in (the cross-node level is float32).
-INTRA_DTYPES = ("float32", "float16", "bfloat16")
-#: Elements per pack: a 25 MB DDP bucket makes about three packs, which pipelines the
-#: levels without paying a collective's fixed cost per tensor.
-PACK_ELEMS = 2 << 20
 _END = None  # a step's end on the stage queues
 _STATE_FORMAT = 1
-#: What ``casync.engine`` passes to a hierarchical engine beside its settings.
-LEVEL_OPTIONS = ("across", "ranks_per_node", "intra_dtype", "pack_elems", "levels")
-
-
-def _check_levels(across: str, intra_dtype: str, pack_elems: Any, levels: str) -> None:
-    """The levels' own settings (the cross-node level's are the engine's settings)."""
-    if across not in COMPRESSED:
-        raise ConfigError(f"across must be one of {', '.join(COMPRESSED)}, not {across!r}")
-    if intra_dtype not in INTRA_DTYPES:
-        raise ConfigError(f"intra_dtype must be one of {', '.join(INTRA_DTYPES)}, "
-                          f"not {intra_dtype!r}")
-    if isinstance(pack_elems, bool) or not isinstance(pack_elems, int) or pack_elems < 1:
-        raise ConfigError(f"pack_elems must be an integer >= 1, not {pack_elems!r}")
-    if levels not in (HIERARCHICAL, "auto"):
-        raise ConfigError(f"levels must be {HIERARCHICAL!r} or 'auto', not {levels!r}")
 
 
 class Hierarchical:
@@ -99,7 +93,7 @@ class Hierarchical:
 
         seconds = config.settings.timeout
         try:
-            _check_levels(across, intra_dtype, pack_elems, levels)
+            check_levels(across, intra_dtype, pack_elems, levels)
             self.rank = dist.get_rank(group)
             self.size = dist.get_world_size(group)
             self.layout = Layout.of(self.rank, self.size, ranks_per_node)
@@ -129,13 +123,13 @@ class Hierarchical:
         self.config = self.inner.config
         self.wire = Wire(self.rank, self.size, [e for e in (self.inner, self.flat)
                                                 if e is not None])
+        self.nodes = NodeLevels(layout, self._groups, self.intra_dtype, self.wire)
         self._flat_futures: list[Any] = []  # the step in progress's, from the flat engine
         self._flat_waiting: list[Any] = []
         # -- the step in progress (the caller's thread)
         self.step = 0
         self.names: set[str] = set()
-        self._pack = Pack(0, self.layout.local_size)
-        self._packs = 0
+        self._packer = Packer(self.layout.local_size, pack_elems)
         self._waiter = _Waiter(self)
         # -- the pipeline: two stages, each a thread fed in order
         self.error: SyncError | None = None
@@ -241,7 +235,7 @@ class Hierarchical:
         self.names.update(name for name, _ in items)
         full: list[Pack] = []
         for entry in entries:
-            self._place(entry, full)
+            self._packer.place(entry, full)
         if flat:
             batch.left += 1
             future = self.flat.submit_many((e.name, e.tensor) for e in flat)
@@ -272,34 +266,6 @@ class Hierarchical:
         if last and not batch.future.done():
             batch.future.set_result(batch.value)
 
-    def _place(self, entry: PackEntry, full: list[Pack]) -> None:
-        """Add ``entry``'s elements to the packs, in pieces of at most ``pack_elems`` cut
-        at fixed offsets of the tensor; the packs that fill go to ``full``."""
-        n, local = entry.flat.numel(), self.layout.local_size
-        for start in range(0, n, self.pack_elems):
-            stop = min(n, start + self.pack_elems)
-            pack = self._pack
-            if pack.segments and pack.device != entry.flat.device:
-                full.append(self._next_pack())
-                pack = self._pack
-            pack.device = entry.flat.device
-            bounds = [start + (stop - start) * j // local for j in range(local + 1)]
-            pack.segments.append(Segment(entry, bounds, list(pack.regions)))
-            for j in range(local):
-                pack.regions[j] += bounds[j + 1] - bounds[j]
-            entry.left += 1
-            pack.numel += stop - start
-            if pack.numel >= self.pack_elems:
-                full.append(self._next_pack())
-        if n:
-            entry.batch.left += 1
-
-    def _next_pack(self) -> Pack:
-        pack = self._pack
-        self._packs += 1
-        self._pack = Pack(self._packs, self.layout.local_size)
-        return pack
-
     def _send(self, pack: Pack) -> None:
         self._reduce.put(pack)
 
@@ -313,8 +279,8 @@ class Hierarchical:
 
     def _send_partial(self) -> None:
         """Send the pack still filling: a future is waited on before the step ends."""
-        if self._pack.segments:
-            self._send(self._next_pack())
+        if self._packer.filling():
+            self._send(self._packer.close())
 
     def end_step(self) -> None:
         """Close the step without waiting: send its last pack and advance."""
@@ -385,82 +351,22 @@ class Hierarchical:
 
     def _scatter(self, pack: Pack | None) -> None:
         """Reduce-scatter ``pack`` inside the node, then send this rank's slice across."""
-        import torch
-        import torch.distributed as dist
-
         if pack is None:  # the step's end
             self.inner.end_step()
             return
-        local, me = self.layout.local_size, self.layout.local_rank
-        share = max(pack.regions)  # every region padded to the longest
-        flat = torch.zeros(share * local, dtype=self.intra_dtype, device=pack.device)
-        for seg in pack.segments:
-            for j in range(local):
-                lo, hi = seg.bounds[j], seg.bounds[j + 1]
-                at = j * share + seg.offsets[j]
-                flat[at:at + hi - lo].copy_(seg.entry.flat[lo:hi])
-        if local > 1:
-            mine = torch.empty(share, dtype=self.intra_dtype, device=pack.device)
-            self._collective("reduce-scatter", pack, lambda: dist.reduce_scatter_single(
-                mine, flat, group=self._groups[("reduce", pack.device.type)]))
-            self.wire.intra_bytes += (local - 1) * share * flat.element_size()
-        else:
-            mine = flat
-        pack.slice = mine.float() if mine.dtype != torch.float32 else mine
-        if local > 1:
-            pack.slice.mul_(1.0 / local)
-        pieces = []
-        for seg in pack.segments:
-            lo, hi = seg.bounds[me], seg.bounds[me + 1]
-            if lo < hi:
-                at = seg.offsets[me]
-                pieces.append((f"{seg.entry.name}[{lo}:{hi}]", pack.slice[at:at + hi - lo]))
-        pack.future = self.inner.submit_many(pieces)
+        pack.future = self.inner.submit_many(self.nodes.reduce_scatter(pack, self.step))
         self.inner.flush()
 
     def _collect(self, pack: Pack | None) -> None:
         """Wait for ``pack``'s slice across nodes, all-gather it, write it back."""
         import torch
-        import torch.distributed as dist
 
         if pack is None:
             return
         # Not the future's own wait, which would flush the engine from this thread.
         torch.futures.Future.wait(pack.future)
-        local = self.layout.local_size
-        mine = pack.slice if self.intra_dtype == torch.float32 else \
-            pack.slice.to(self.intra_dtype)
-        if local > 1:
-            full = torch.empty(mine.numel() * local, dtype=mine.dtype, device=mine.device)
-            self._collective("all-gather", pack, lambda: dist.all_gather_single(
-                full, mine, group=self._groups[("gather", pack.device.type)]))
-            self.wire.intra_bytes += (local - 1) * mine.numel() * mine.element_size()
-        else:
-            full = mine
-        done: list[PackEntry] = []
-        share = mine.numel()
-        for seg in pack.segments:
-            for j in range(local):
-                lo, hi = seg.bounds[j], seg.bounds[j + 1]
-                at = j * share + seg.offsets[j]
-                seg.entry.flat[lo:hi].copy_(full[at:at + hi - lo])
-            seg.entry.left -= 1
-            if seg.entry.left == 0:
-                done.append(seg.entry)
-        for entry in done:
-            if entry.work is not entry.tensor:
-                entry.tensor.copy_(entry.work)
+        for entry in self.nodes.all_gather(pack, self.step):
             self._count_down(entry.batch)
-
-    def _collective(self, what: str, pack: Pack, call: Any) -> None:
-        self.wire.intra_collectives += 1
-        try:
-            call()
-        except RuntimeError as exc:
-            ranks = self.layout.node_ranks(self.layout.node)
-            raise SyncError(f"step {self.step}: the intra-node {what} of pack {pack.number} "
-                            f"among ranks {ranks} (node {self.layout.node}) failed: "
-                            f"{str(exc).splitlines()[0][:300]}") from exc
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is not None:

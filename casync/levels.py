@@ -13,8 +13,32 @@ import numpy as np
 
 from hipress_base.errors import ConfigError, SyncError
 
-__all__ = ["Layout", "Wire", "Segment", "PackEntry", "Batch", "Pack", "make_groups",
-           "reject"]
+from .plan import COMPRESSED, HIERARCHICAL
+
+__all__ = ["Layout", "Wire", "Segment", "PackEntry", "Batch", "Pack", "Packer",
+           "make_groups", "reject", "check_levels", "INTRA_DTYPES", "PACK_ELEMS",
+           "LEVEL_OPTIONS"]
+
+#: The dtypes the intra-node levels may travel in (the cross-node level is float32).
+INTRA_DTYPES = ("float32", "float16", "bfloat16")
+#: Elements per pack: a 25 MB DDP bucket makes about three packs, which pipelines the
+#: levels without paying a collective's fixed cost per tensor.
+PACK_ELEMS = 2 << 20
+#: What ``casync.engine`` passes to a hierarchical engine beside its settings.
+LEVEL_OPTIONS = ("across", "ranks_per_node", "intra_dtype", "pack_elems", "levels")
+
+
+def check_levels(across: str, intra_dtype: str, pack_elems: Any, levels: str) -> None:
+    """The levels' own settings (the cross-node level's are the engine's settings)."""
+    if across not in COMPRESSED:
+        raise ConfigError(f"across must be one of {', '.join(COMPRESSED)}, not {across!r}")
+    if intra_dtype not in INTRA_DTYPES:
+        raise ConfigError(f"intra_dtype must be one of {', '.join(INTRA_DTYPES)}, "
+                          f"not {intra_dtype!r}")
+    if isinstance(pack_elems, bool) or not isinstance(pack_elems, int) or pack_elems < 1:
+        raise ConfigError(f"pack_elems must be an integer >= 1, not {pack_elems!r}")
+    if levels not in (HIERARCHICAL, "auto"):
+        raise ConfigError(f"levels must be {HIERARCHICAL!r} or 'auto', not {levels!r}")
 
 
 @dataclass(frozen=True)
@@ -162,6 +186,50 @@ class Pack:
         self.slice: Any = None
         self.future: Any = None
         self.device: Any = None
+
+
+class Packer:
+    """Cuts a step's tensors into packs of about ``pack_elems`` elements, in order, each
+    tensor at fixed offsets of its own and into one part per local rank (so each rank
+    reduces the same elements every step, whatever buckets they came in)."""
+
+    def __init__(self, local: int, pack_elems: int) -> None:
+        self.local = local
+        self.pack_elems = pack_elems
+        self.pack = Pack(0, local)
+        self.made = 0
+
+    def place(self, entry: PackEntry, full: list[Pack]) -> None:
+        """Add ``entry``'s elements to the packs, in pieces of at most ``pack_elems``; the
+        packs that fill go to ``full``."""
+        n, local = entry.flat.numel(), self.local
+        for start in range(0, n, self.pack_elems):
+            stop = min(n, start + self.pack_elems)
+            if self.pack.segments and self.pack.device != entry.flat.device:
+                full.append(self.close())
+            pack = self.pack
+            pack.device = entry.flat.device
+            bounds = [start + (stop - start) * j // local for j in range(local + 1)]
+            pack.segments.append(Segment(entry, bounds, list(pack.regions)))
+            for j in range(local):
+                pack.regions[j] += bounds[j + 1] - bounds[j]
+            entry.left += 1
+            pack.numel += stop - start
+            if pack.numel >= self.pack_elems:
+                full.append(self.close())
+        if n:
+            entry.batch.left += 1
+
+    def filling(self) -> bool:
+        """Whether the pack being filled holds anything."""
+        return bool(self.pack.segments)
+
+    def close(self) -> Pack:
+        """The pack being filled, and a new one in its place."""
+        pack = self.pack
+        self.made += 1
+        self.pack = Pack(self.made, self.local)
+        return pack
 
 
 def reject(pack: Pack, error: SyncError) -> None:

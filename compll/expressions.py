@@ -22,10 +22,11 @@ import numpy as np
 from . import ir
 from .builtins import BUILTINS, OPERATORS, Kind
 from .diagnostics import BuildError
-from .interpreter import cast, eval_constant
+from .interpreter import eval_constant
 from .ir import TypeKind
 from .loops import uniform
 from .schedule import ArrayInfo, ArrayKind, Extent, ExtentKind, Kernel, Pass, extent_of
+from .semantics import cast
 from .typing_rules import promote_one
 
 __all__ = ["ExprRenderer", "Scope"]

@@ -21,7 +21,7 @@ from casync.settings import EngineConfig, default_algorithm, publish_invalid
 from casync.teardown import Connections
 
 from .errors import ConfigError
-from .hosts import bind_to_master, free_port
+from .network import bind_to_master, free_port
 
 __all__ = ["init", "is_initialized", "rank", "size", "local_rank", "local_size",
            "gloo_group", "synchronizer", "EngineOptions", "LazyEngine", "average_arrays",
@@ -143,6 +143,7 @@ class EngineOptions:
         error_feedback: ``None`` = on for biased algorithms.
         timeout: seconds before a silent peer raises ``SyncError``.
         trace: the engine records its tasks (``hipress.breakdown``).
+        group: the Gloo group the engine runs on; None: the plugin's, every rank.
         guard: the engine's rules on top of the plan (``casync.guard``): the first steps
             uncompressed, tensors whose averaged gradient was mostly exact zeros then
             (embeddings) never compressed. ``False`` compresses what the plan says from
@@ -158,8 +159,12 @@ class EngineOptions:
     def __init__(self, algorithm: str | None = None, plan: str = "static",
                  topology: str = "ps", min_compress: int = MIN_COMPRESS,
                  error_feedback: bool | None = None, timeout: float | None = None,
-                 trace: bool = False, guard: bool = True, **params: Any) -> None:
+                 trace: bool = False, guard: bool = True, group: Any = None,
+                 **params: Any) -> None:
         self.trace = bool(trace)  # the engine records its tasks (not a setting ranks share)
+        #: the Gloo group the engine runs on (None: the plugin's, every rank): HSDP's
+        #: replicas, DiLoCo's
+        self.group = group
         try:
             algorithm = default_algorithm() if algorithm is None else algorithm
             #: checked once, here; the engine is built from it as it is
@@ -186,10 +191,6 @@ class EngineOptions:
                 self.error_feedback, self.timeout, self.guard,
                 tuple(sorted(self.params.items())))
 
-    #: the Gloo group the engine runs on (None: the plugin's, every rank): HSDP's
-    #: replicas, DiLoCo's
-    group: Any = None
-
     @property
     def settings(self) -> Any:
         """The user's settings, checked (``casync.settings.Settings``)."""
@@ -214,12 +215,12 @@ class LazyEngine:
 
     def __init__(self, options: EngineOptions) -> None:
         self.options = options
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self._pending: tuple[dict[str, Any], bool] | None = None
 
-    def get(self) -> Any:
+    def get(self) -> Engine:
         """The live engine (a new one after ``shutdown()``)."""
-        if not is_live(self.engine):
+        if self.engine is None or not is_live(self.engine):
             self.engine = self.options.engine()
             if self._pending is not None:
                 state, reset = self._pending
@@ -230,7 +231,7 @@ class LazyEngine:
     def state_dict(self) -> dict[str, Any]:
         """The engine's state (``casync.Synchronizer.state_dict``); before it ever ran,
         the state it will start from ({} for a fresh one)."""
-        if is_live(self.engine):
+        if self.engine is not None and is_live(self.engine):
             return dict(self.engine.state_dict())
         return dict(self._pending[0]) if self._pending is not None else {}
 
@@ -238,7 +239,7 @@ class LazyEngine:
         """Continue from ``state``: now if the engine runs, else when it starts."""
         if not state:
             return  # saved before the engine ever ran: nothing to continue
-        if is_live(self.engine):
+        if self.engine is not None and is_live(self.engine):
             self.engine.load_state_dict(state, reset_residuals)
         else:
             self._pending = (dict(state), reset_residuals)

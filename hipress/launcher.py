@@ -9,7 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from .errors import ConfigError, SyncError
-from .hosts import Host, free_port, interface_to, shaped, thread_share
+from .hosts import Host, shaped, thread_share
+from .network import free_port, interface_to
 
 __all__ = ["torchrun_command", "run", "run_shaped", "run_on_hosts", "JOIN_TIMEOUT"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hipress.hosts import free_port
+from hipress.network import free_port
 
 HERE = Path(__file__).resolve().parent
 ALGOS = ["onebit", "terngrad", "dgc", "fp16", "minmax8"]

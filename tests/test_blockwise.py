@@ -8,7 +8,7 @@ from test_kernels_cpu import adversarial, same_values
 
 import hipress
 from compll import load_source
-from compll.interpreter import block_reduce, reduce
+from compll.semantics import block_reduce, reduce
 
 BLOCKS = [1, 3, 100, 512, 8193, 20000]
 

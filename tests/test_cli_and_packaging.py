@@ -116,7 +116,7 @@ def test_a_node_that_never_joins_is_named_within_the_join_timeout():
     together they run the job."""
     import time
 
-    from hipress.hosts import free_port
+    from hipress.network import free_port
 
     port = free_port()
 
@@ -227,6 +227,15 @@ def test_layers_import_only_the_layers_below(module, forbidden):
     assert proc.stdout.strip() == "[]", proc.stdout
 
 
+def test_the_runtime_path_leaves_the_test_hosts_out():
+    """A training process (the torch plugin, the engine) never loads the module that
+    builds shaped test networks."""
+    code = "import sys, hipress.torch\nprint('hipress.hosts' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert proc.stdout.strip() == "False"
+
+
 def _imports(path: Path) -> set[str]:
     """Every module ``path`` imports, wherever in the file (lazy imports included)."""
     import ast
@@ -284,7 +293,7 @@ def test_the_examples_read_scikit_learns_own_digits():
 
 
 def test_interface_to_finds_the_route_to_an_address():
-    from hipress.hosts import interface_to
+    from hipress.network import interface_to
 
     assert interface_to("127.0.0.1") == "lo"
     assert interface_to("no-such-host.invalid") is None
@@ -326,7 +335,8 @@ def test_two_nodes_join_on_the_interface_that_routes_to_node_0(tmp_path, launche
     route to node 0 (``hipress run``, or ``hp.init`` under torchrun) and the job runs."""
     import os
 
-    from hipress.hosts import free_port, shaped
+    from hipress.hosts import shaped
+    from hipress.network import free_port
 
     script = tmp_path / "job.py"
     script.write_text(_TWO_NODES)

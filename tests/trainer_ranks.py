@@ -76,10 +76,30 @@ def accelerate(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     return _report(model, out, rank, sent=state.bytes_sent, error=error)
 
 
+def _fit(module: Any, callback: Any, args: dict[str, Any], strategy: Any) -> Any:
+    """Lightning's ``fit`` on 2 CPU ranks with ``callback``, saving a checkpoint after
+    step ``save_at`` or resuming from the one saved at step ``start``; the trainer."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callbacks: list[Any] = [callback]
+    if args.get("save"):
+        callbacks.append(ModelCheckpoint(dirpath=args["save"], every_n_train_steps=
+                                         args["save_at"], save_top_k=-1))
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy,
+                         max_steps=args["start"] + args["steps"], callbacks=callbacks,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=bool(args.get("save")))
+    ckpt = None
+    if args.get("load"):
+        ckpt = str(next(Path(args["load"]).glob(f"*step={args['start']}.ckpt")))
+    trainer.fit(module, ckpt_path=ckpt)
+    return trainer
+
+
 def lightning(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     import hipress
     from hipress.torch.lightning import HiPress
@@ -105,20 +125,9 @@ def lightning(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]:
 
     module = Module()
     callback = HiPress(**args.get("options", {}))
-    callbacks: list[Any] = [callback]
-    if args.get("save"):
-        callbacks.append(ModelCheckpoint(dirpath=args["save"], every_n_train_steps=
-                                         args["save_at"], save_top_k=-1))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp",
-                         max_steps=args["start"] + args["steps"], callbacks=callbacks,
-                         logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=bool(args.get("save")))
     error = None
     try:
-        ckpt = None
-        if args.get("load"):
-            ckpt = str(next(Path(args["load"]).glob(f"*step={args['start']}.ckpt")))
-        trainer.fit(module, ckpt_path=ckpt)
+        _fit(module, callback, args, "ddp")
     except hipress.SyncError as exc:
         error = type(exc).__name__
     state = callback.state
@@ -130,7 +139,6 @@ def lightning_fsdp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]
     started as a user starts it: this one process, Lightning spawning the other rank."""
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.fsdp import fully_shard
 
@@ -160,19 +168,8 @@ def lightning_fsdp(args: dict[str, Any], rank: int, out: Path) -> dict[str, Any]
 
     module = Module()
     callback = HiPress(**args.get("options", {}))
-    callbacks: list[Any] = [callback]
-    if args.get("save"):
-        callbacks.append(ModelCheckpoint(dirpath=args["save"], every_n_train_steps=
-                                         args["save_at"], save_top_k=-1))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(
-                             data_parallel_size=2, tensor_parallel_size=1),
-                         max_steps=args["start"] + args["steps"], callbacks=callbacks,
-                         logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=bool(args.get("save")))
-    ckpt = None
-    if args.get("load"):
-        ckpt = str(next(Path(args["load"]).glob(f"*step={args['start']}.ckpt")))
-    trainer.fit(module, ckpt_path=ckpt)
+    trainer = _fit(module, callback, args, ModelParallelStrategy(data_parallel_size=2,
+                                                                 tensor_parallel_size=1))
     state = callback.state
     return _report(module.net, out, trainer.global_rank, global_rank=trainer.global_rank,
                    sent=state.bytes_sent if state else 0, error=None,

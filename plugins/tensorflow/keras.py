@@ -64,7 +64,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer,  # noqa: N802 - 
     if keras.config.dtype_policy().name == "mixed_float16" \
             and not isinstance(optimizer, scaling):
         optimizer = scaling(optimizer)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+    cls: Any = type(optimizer.__class__.__name__, (optimizer.__class__,),
                {"apply": _apply, "state_dict": _state_dict, "load_state_dict": _load_state_dict})
     wrapped = cls.from_config(optimizer.get_config())
     wrapped._hipress_averager = averager

@@ -31,8 +31,6 @@ feedback: each parameter keeps its residual from one synchronization to the next
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import os
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
@@ -48,22 +46,21 @@ from casync.settings import agree
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
+from .diloco_settings import (
+    DEFAULT_ALGORITHM,
+    DEFAULT_PARAMS,
+    MIN_COMPRESS,
+    OUTER_LR,
+    OUTER_MOMENTUM,
+    algorithm_of,
+    fragments_of,
+    schedule,
+    shapes_digest,
+)
 from .state import plain
 
 __all__ = ["DiLoCo", "OUTER_LR", "OUTER_MOMENTUM", "DEFAULT_ALGORITHM", "DEFAULT_PARAMS"]
 
-#: the outer optimizer when none is given: SGD with these, i.e. the replicas' plain average
-#: becomes the global model. DiLoCo's Nesterov 0.7/0.9 (Douillard et al., 2023, tuned
-#: for H = 500) never reached DDP's loss at H = 20 where this did (docs/diloco.md).
-OUTER_LR = 1.0
-OUTER_MOMENTUM = 0.0
-#: the pseudo-gradients' codec when none is named, and its parameters (docs/diloco.md:
-#: chosen by measurement; error feedback keeps 2 bits within 1 % of float32)
-DEFAULT_ALGORITHM = "cgx"
-DEFAULT_PARAMS = {"bits": 2}
-#: every parameter is compressed when no min_compress is given: sent once per H steps,
-#: even the small ones are worth it, and error feedback keeps what they lose
-MIN_COMPRESS = 0
 #: the state's layout; another is refused
 FORMAT = 1
 
@@ -143,36 +140,20 @@ class DiLoCo:
                  group: Any = None, replica_group: Any = None, guard: bool = False,
                  **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
-        self.sync_every = _count("sync_every", sync_every, 1)
-        self.fragment_sync_delay = _count("fragment_sync_delay", fragment_sync_delay, 0)
-        if isinstance(fragment_update_alpha, bool) or not isinstance(
-                fragment_update_alpha, (int, float)) or not 0 <= fragment_update_alpha <= 1:
-            raise ConfigError(f"fragment_update_alpha must be a number in [0, 1], not "
-                              f"{fragment_update_alpha!r}")
-        self.fragment_update_alpha = float(fragment_update_alpha)
         self.model = model
         self.inner_optimizer = inner_optimizer
-        self.fragments = _fragments(model, fragments)
+        self.fragments = fragments_of(model, fragments)
         count = len(self.fragments)
-        if self.sync_every % count:
-            raise ConfigError(f"sync_every ({self.sync_every}) must be a multiple of the "
-                              f"{count} fragments: fragment f syncs at steps (f + 1) * "
-                              "sync_every / fragments")
-        if self.fragment_sync_delay >= self.sync_every // count:
-            raise ConfigError(f"fragment_sync_delay ({self.fragment_sync_delay}) must be "
-                              f"below sync_every / fragments ({self.sync_every // count}): "
-                              "a fragment lands before the next one leaves")
-        if algorithm is None and os.environ.get("HIPRESS_ALGORITHM", "").strip():
-            algorithm = os.environ["HIPRESS_ALGORITHM"].strip()  # hipress run --algorithm
-        elif algorithm is None:
-            algorithm, codec_params = DEFAULT_ALGORITHM, {**DEFAULT_PARAMS, **codec_params}
-        options = core.EngineOptions(algorithm, "static", topology,
-                                     min_compress, error_feedback, timeout, guard=guard,
-                                     **codec_params)
-        self.algorithm = options.algorithm
+        self.sync_every, self.fragment_sync_delay, self.fragment_update_alpha = schedule(
+            sync_every, fragment_sync_delay, fragment_update_alpha, count)
+        algorithm, codec_params = algorithm_of(algorithm, codec_params)
         if not core.is_initialized():
             core.init()
         self.group = group if group is not None else core.gloo_group()
+        options = core.EngineOptions(algorithm, "static", topology,
+                                     min_compress, error_feedback, timeout, guard=guard,
+                                     group=self.group, **codec_params)
+        self.algorithm = options.algorithm
         self.replica_group = replica_group
         self.rank = dist.get_rank(self.group)
         self.size = dist.get_world_size(self.group)
@@ -185,9 +166,8 @@ class DiLoCo:
         agree({"sync_every": self.sync_every, "fragments": count,
                "fragment_sync_delay": self.fragment_sync_delay,
                "fragment_update_alpha": self.fragment_update_alpha,
-               "parameters": _shapes(self.fragments)},
+               "parameters": shapes_digest(self.fragments)},
               self.group, self.rank, self.size, options.settings.timeout)
-        options.group = self.group
         self.engine: Engine = options.engine()
         self.outer_optimizer = outer_optimizer if outer_optimizer is not None else \
             torch.optim.SGD(model.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM,
@@ -390,40 +370,6 @@ def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     return local
 
 
-def _count(what: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{what} must be an integer >= {least}, not {value!r}")
-    return value
-
-
-def _fragments(model: nn.Module, fragments: int | Sequence[nn.Module]
-               ) -> list[list[nn.Parameter]]:
-    """The parameters of each fragment, in the model's order."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if isinstance(fragments, int) and not isinstance(fragments, bool):
-        count = _count("fragments", fragments, 1)
-        # the modules that own parameters, or the tensors where there are fewer modules
-        groups = [[p for p in m.parameters(recurse=False) if p.requires_grad]
-                  for m in model.modules()]
-        groups = [g for g in groups if g]
-        if len(groups) < count:
-            groups = [[p] for p in params]
-        split: list[list[nn.Parameter]] = [[] for _ in range(count)]
-        for j, group in enumerate(groups):
-            split[j % count].extend(group)
-    else:
-        split = [[p for p in m.parameters() if p.requires_grad] for m in fragments]
-    seen = [id(p) for part in split for p in part]
-    if len(seen) != len(set(seen)) or set(seen) != {id(p) for p in params}:
-        raise ConfigError("fragments must hold every trainable parameter of the model "
-                          "exactly once")
-    if any(not part for part in split):
-        raise ConfigError(f"a fragment has no parameters: {len(split)} fragments for a "
-                          f"model whose modules own parameters in {len(params)} tensors")
-    order = {id(p): i for i, p in enumerate(params)}
-    return [sorted(part, key=lambda p: order[id(p)]) for part in split]
-
-
 def _owners(params: list[nn.Parameter], replica_group: Any) -> list[int]:
     """Which rank of the replica synchronizes each parameter: the least loaded so far, by
     elements (every rank when the replica is one rank)."""
@@ -436,12 +382,6 @@ def _owners(params: list[nn.Parameter], replica_group: Any) -> list[int]:
         owners.append(rank)
         load[rank] += p.numel()
     return owners
-
-
-def _shapes(fragments: list[list[nn.Parameter]]) -> str:
-    """A digest of every fragment's parameter shapes (replicas must cut alike)."""
-    text = repr([[tuple(p.shape) for p in part] for part in fragments])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _broadcast(tensors: Iterable[torch.Tensor], group: Any, root: int = 0) -> None:

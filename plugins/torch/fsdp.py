@@ -29,10 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
-    DefaultAllGather,
-    DefaultReduceScatter,
-)
+from torch.distributed.tensor import DTensor
 
 from casync import Engine
 from casync.guard import WARMUP_STEPS
@@ -42,10 +39,12 @@ from compll.ir import LengthKind
 from hipress import distributed as core
 from hipress.errors import ConfigError, SyncError
 
+from .internals import AllGather, ReduceScatter, at_backward_end
 from .state import plain
 
 #: ``all_gather=`` shorthands: ZeRO++'s symmetric blockwise quantization (qwZ: int8)
-GATHER_CODECS = {"int8": ("zeropp", {"bits": 8}), "int4": ("zeropp", {"bits": 4})}
+GATHER_CODECS: dict[str, tuple[str, dict[str, Any]]] = {
+    "int8": ("zeropp", {"bits": 8}), "int4": ("zeropp", {"bits": 4})}
 
 __all__ = ["FSDPState", "compress_fsdp"]
 
@@ -88,6 +87,7 @@ class FSDPState:
         guard: the engine's rules (``casync.guard``): the first ``WARMUP_STEPS`` steps
             take FSDP's own reduce-scatter; HSDP's replica all-reduce keeps row-sparse
             shards uncompressed too.
+        mesh: HSDP's 2-D ``(replicate, shard)`` DeviceMesh (``compress_fsdp``'s).
         **codec_params: the algorithm's parameters (``bits=4`` for cgx).
     """
 
@@ -95,17 +95,20 @@ class FSDPState:
                  min_compress: int = MIN_COMPRESS, timeout: float | None = None,
                  trace: bool = False, all_gather: str | None = None,
                  reduce_scatter: bool | None = None, topology: str = "ps",
-                 guard: bool = True, **codec_params: Any) -> None:
+                 guard: bool = True, mesh: Any = None, **codec_params: Any) -> None:
         # user knobs, validated here (a ConfigError says why)
         if topology not in COMPRESSED:  # HSDP's mesh is already the two levels
             raise ConfigError(f"compress_fsdp's topology (HSDP's replica all-reduce) must be "
                               f"one of {', '.join(COMPRESSED)}, not {topology!r}")
+        shard, replicas = _hsdp_groups(mesh) if mesh is not None else (None, None)
+        self.replicate_group: Any = replicas  # HSDP: this rank's replicas
         self.options = _ScatterOptions(algorithm, "static", "ps", min_compress, error_feedback,
-                                       timeout, trace=trace, guard=guard, **codec_params)
+                                       timeout, trace=trace, guard=guard, group=shard,
+                                       **codec_params)
         # HSDP's: an allreduce engine (static plan over ``topology``) on the replicas' group
         self.replica_options = core.EngineOptions(algorithm, "static", topology, min_compress,
                                                   error_feedback, timeout, trace=trace,
-                                                  guard=guard, **codec_params)
+                                                  guard=guard, group=replicas, **codec_params)
         self.warmup = WARMUP_STEPS if guard else 0
         self.algorithm = self.options.algorithm
         self.min_compress = min_compress
@@ -115,7 +118,6 @@ class FSDPState:
         # internal state: the engines, created at the first collective
         self._engine = core.LazyEngine(self.options)
         self._replica_engine = core.LazyEngine(self.replica_options)
-        self.replicate_group: Any = None  # HSDP: this rank's replicas (compress_fsdp)
         self.sync: Engine | None = None
         self.replica_sync: Engine | None = None
         self._in_backward = False
@@ -192,7 +194,7 @@ class FSDPState:
                 engine.end_step()
             self.steps += 1
 
-        torch.autograd.Variable._execution_engine.queue_callback(end)
+        at_backward_end(end)
 
     def _reduce(self, sync: Engine, name: str, tensor: torch.Tensor) -> None:
         """Average ``tensor`` through ``sync`` in place, waiting for it (a ``SyncError``
@@ -209,13 +211,19 @@ class FSDPState:
             raise
 
 
-class _Comm(DefaultReduceScatter):
+def _allocate(size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A collective's buffer, from the caching allocator (what FSDP2's own default does)."""
+    return torch.empty(*size, dtype=dtype, device=device)
+
+
+class _Comm(ReduceScatter):
     """One FSDP module's reduce-scatter through the engine (``FSDPState``)."""
 
     def __init__(self, state: FSDPState, name: str) -> None:
-        super().__init__()
         self.state = state
         self.name = name
+
+    allocate = staticmethod(_allocate)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> Any:
@@ -228,13 +236,15 @@ class _Comm(DefaultReduceScatter):
             state._begin()  # the step still ends, and counts
         if not state.scatters or input_tensor.numel() < state.min_compress or warming:
             try:
-                return super().__call__(output_tensor, input_tensor, group, op, async_op)
+                return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op,
+                                                  group=group, async_op=async_op)
             except RuntimeError as exc:
                 raise state._lost(f"reduce-scatter of {self.name}", exc) from exc
         world, rank = group.size(), group.rank()
-        if (world, rank) != (sync.size, sync.rank):
+        ours = dist.get_world_size(sync.group), dist.get_rank(sync.group)
+        if (world, rank) != ours:
             raise ConfigError(f"FSDP reduce-scatters over {world} ranks (this one {rank}) "
-                              f"but HiPress's group has {sync.size} (this one {sync.rank}); "
+                              f"but HiPress's group has {ours[0]} (this one {ours[1]}); "
                               "pass HSDP's mesh to compress_fsdp (mesh=...)")
         scale = _scale(op, world)
         state._reduce(sync, self.name, input_tensor)
@@ -246,14 +256,15 @@ class _Comm(DefaultReduceScatter):
         return None
 
 
-class _Gather(DefaultAllGather):
+class _Gather(AllGather):
     """One FSDP module's parameter all-gather: FSDP's own, or compressed
     (``FSDPState.all_gather``); either way a dead peer is a ``SyncError``."""
 
     def __init__(self, state: FSDPState, name: str) -> None:
-        super().__init__()
         self.state = state
         self.name = name
+
+    allocate = staticmethod(_allocate)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> Any:
@@ -262,7 +273,8 @@ class _Gather(DefaultAllGather):
         try:
             if state.gather_codec is None or input_tensor.numel() < state.min_compress \
                     or not input_tensor.is_floating_point():
-                return super().__call__(output_tensor, input_tensor, group, async_op)
+                return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                                   async_op=async_op)
             self._compressed(state.gather_codec, output_tensor, input_tensor, group)
             return None
         except RuntimeError as exc:
@@ -317,6 +329,7 @@ def _replica_hook(state: FSDPState, name: str) -> Any:
     def hook(reduce_output: torch.Tensor) -> None:
         state.synchronizer()
         sync = state.replica_sync
+        assert sync is not None  # made with the engine when there are replicas
         if state.algorithm == "none" or reduce_output.numel() < state.min_compress:
             try:
                 dist.all_reduce(reduce_output, op=dist.ReduceOp.AVG,
@@ -350,6 +363,14 @@ def _hsdp_groups(mesh: Any) -> tuple[Any, Any]:
             if me in ranks:
                 mine[k] = group
     return mine[0], mine[1]
+
+
+def _own_parameters(module: Any) -> list[torch.nn.Parameter]:
+    """The parameters ``module``'s own FSDP group shards: its parameters less those of the
+    FSDP modules inside it (each of which reduces its own)."""
+    inner = [m for m in module.modules() if m is not module and isinstance(m, FSDPModule)]
+    nested = {id(p) for m in inner for p in m.parameters()}  # type: ignore[attr-defined]
+    return [p for p in module.parameters() if id(p) not in nested]
 
 
 def _scale(op: Any, world: int) -> float:
@@ -401,17 +422,14 @@ def compress_fsdp(model: torch.nn.Module, algorithm: str | None = None, *,
         >>> state = hp.compress_fsdp(model, algorithm="cgx", mesh=mesh)
     """
     state = FSDPState(algorithm, error_feedback, min_compress, timeout, trace, all_gather,
-                      reduce_scatter, topology, guard, **codec_params)
-    if mesh is not None:
-        shard, state.replicate_group = _hsdp_groups(mesh)
-        state.options.group, state.replica_options.group = shard, state.replicate_group
+                      reduce_scatter, topology, guard, mesh, **codec_params)
     for name, module in model.named_modules():
         if not isinstance(module, FSDPModule):
             continue
-        groups = module._get_fsdp_state()._fsdp_param_groups
-        if not groups:
+        owned = _own_parameters(module)
+        if not owned:
             continue  # owns no parameters: nothing of its own to reduce
-        if any(type(g.mesh_info).__name__ == "HSDPMeshInfo" for g in groups):
+        if any(isinstance(p, DTensor) and p.device_mesh.ndim > 1 for p in owned):
             raise ConfigError(f"{name or 'the model'} is sharded over a 2-D mesh (FSDP's own "
                               "HSDP, whose replica all-reduce HiPress cannot reach): shard "
                               "over mesh['shard'] and pass compress_fsdp(..., mesh=mesh)")

@@ -14,6 +14,7 @@ from hipress import distributed as core
 from hipress.breakdown import StepTrace
 from hipress.errors import HiPressError
 
+from .internals import at_backward_end
 from .state import plain
 
 __all__ = ["HookState", "comm_hook"]
@@ -111,9 +112,10 @@ class HookState:
 
     def __getstate__(self) -> dict[str, Any]:
         # Engines, process groups, futures and object ids do not travel in pickles.
-        dropped = {"sync": None, "_step_futures": None, "_error": None, "_param_names": {},
-                   "_trace": StepTrace() if self._trace is not None else None,
-                   "_engine": core.LazyEngine(self.options)}
+        dropped: dict[str, Any] = {
+            "sync": None, "_step_futures": None, "_error": None, "_param_names": {},
+            "_trace": StepTrace() if self._trace is not None else None,
+            "_engine": core.LazyEngine(self.options)}
         return {k: v for k, v in self.__dict__.items() if k not in dropped} | dropped
 
     def _watch(self, futures: list[torch.futures.Future[Any]]) -> None:
@@ -127,14 +129,14 @@ class HookState:
         """
         if self._step_futures is None:
             self._step_futures = []
-            torch.autograd.Variable._execution_engine.queue_callback(self._check_step)
+            at_backward_end(self._check_step)
         self._step_futures.extend(futures)
 
     def _failed(self, error: BaseException) -> torch.futures.Future[torch.Tensor]:
         """A bucket's future when the engine could not start (ranks disagree on a
         setting, one's was invalid): backward raises ``error`` itself, with its type."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        future.set_exception(error)
+        future.set_exception(error)  # type: ignore[arg-type]  # typed as the value's type
         self._error = error
         self._watch([])
         return future

@@ -11,6 +11,7 @@ from casync.plan import MIN_COMPRESS
 from hipress import distributed as core
 from hipress.errors import ConfigError
 
+from .internals import at_backward_end
 from .state import plain
 
 __all__ = ["DistributedOptimizer"]
@@ -21,7 +22,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params: Any, named_parameters: list[tuple[str, torch.Tensor]],
                  backward_passes_per_step: int, options: core.EngineOptions) -> None:
-        super(self.__class__, self).__init__(params)  # type: ignore[misc]
+        super(self.__class__, self).__init__(params)  # type: ignore[call-arg]
         if isinstance(backward_passes_per_step, bool) \
                 or not isinstance(backward_passes_per_step, int) or backward_passes_per_step < 1:
             raise ConfigError(f"backward_passes_per_step must be an integer >= 1, not "
@@ -75,7 +76,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # rank (a rank that skipped step() for an overflow its peers did not see
                 # would leave them waiting).
                 self._queued = True
-                torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+                at_backward_end(self._end_backward)
             self._sync.submit(self._names[p], p.grad)
 
     def _end_backward(self) -> None:
@@ -99,14 +100,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     f"{self._passes} backward passes; call it once every "
                     f"{self._passes} passes")
             self.synchronize()
-        result = super(self.__class__, self).step(closure)  # type: ignore[misc]
+        result = super(self.__class__, self).step(closure)
         self._averaged.clear()
         return result
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's state, with HiPress's (residuals, step, plan) under
         ``"hipress"``: ``torch.save(opt.state_dict())`` keeps both. Each rank saves its own."""
-        state = super(self.__class__, self).state_dict()  # type: ignore[misc]
+        state = super(self.__class__, self).state_dict()
         state["hipress"] = plain(self._sync.state_dict())
         return state
 
@@ -115,7 +116,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         job of the same size (see ``casync.Synchronizer.load_state_dict``)."""
         state = dict(state_dict)
         hipress_state = state.pop("hipress", None)
-        super(self.__class__, self).load_state_dict(state)  # type: ignore[misc]
+        super(self.__class__, self).load_state_dict(state)
         if hipress_state:
             self._sync.load_state_dict(hipress_state, reset_residuals)
 
@@ -125,7 +126,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called while gradients were still being "
                 "synchronized (inside backward, or after a backward whose synchronization "
                 "failed); call it before backward() or after step()")
-        super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
+        super(self.__class__, self).zero_grad(set_to_none)
         self._averaged.clear()  # a step GradScaler skipped ends here
 
 
