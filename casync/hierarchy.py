@@ -45,6 +45,7 @@ from .levels import (
     check_levels,
     make_groups,
     reject,
+    whole_job,
 )
 from .nodelevels import NodeLevels
 from .plan import HIERARCHICAL
@@ -97,17 +98,11 @@ class Hierarchical:
             self.rank = dist.get_rank(group)
             self.size = dist.get_world_size(group)
             self.layout = Layout.of(self.rank, self.size, ranks_per_node)
+            members = whole_job(group, self.size)
         except ConfigError as exc:
             publish_invalid(exc, group)
             raise
         layout = self.layout
-        members = list(range(self.size)) if group is None else \
-            [int(dist.get_global_rank(group, r)) for r in range(self.size)]
-        if members != list(range(dist.get_world_size())):
-            error = ConfigError("the hierarchical topology runs on a group of the whole "
-                                "job (its node groups are made by every rank)")
-            publish_invalid(error, group)
-            raise error
         # The layout first: ranks that disagree would otherwise make different groups.
         agree({"hierarchical layout": (layout.nodes, layout.local_size),
                "intra-node dtype": intra_dtype, "pack elements": pack_elems,
@@ -433,6 +428,7 @@ class Hierarchical:
 
 
 _STOP = object()
+
 
 
 class _Waiter:

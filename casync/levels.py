@@ -16,7 +16,7 @@ from hipress_base.errors import ConfigError, SyncError
 from .plan import COMPRESSED, HIERARCHICAL
 
 __all__ = ["Layout", "Wire", "Segment", "PackEntry", "Batch", "Pack", "Packer",
-           "make_groups", "reject", "check_levels", "INTRA_DTYPES", "PACK_ELEMS",
+           "make_groups", "reject", "check_levels", "whole_job", "INTRA_DTYPES", "PACK_ELEMS",
            "LEVEL_OPTIONS"]
 
 #: The dtypes the intra-node levels may travel in (the cross-node level is float32).
@@ -263,3 +263,16 @@ def make_groups(layout: Layout, members: list[int], timeout: float) -> dict[Any,
         if me % layout.local_size == local:
             mine["cross"] = made
     return mine
+
+
+def whole_job(group: Any, size: int) -> list[int]:
+    """The global ranks of ``group``: every rank of the job, in order, or a ConfigError
+    (each level's groups are made by every rank)."""
+    import torch.distributed as dist
+
+    members = list(range(size)) if group is None else \
+        [int(dist.get_global_rank(group, r)) for r in range(size)]
+    if members != list(range(dist.get_world_size())):
+        raise ConfigError("the hierarchical topology runs on a group of the whole job (its "
+                          "node groups are made by every rank)")
+    return members

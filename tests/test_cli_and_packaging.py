@@ -227,6 +227,28 @@ def test_layers_import_only_the_layers_below(module, forbidden):
     assert proc.stdout.strip() == "[]", proc.stdout
 
 
+def test_the_cost_model_never_imports_the_engine():
+    """``casync.model`` prices and plans steps; the engine imports its planner, never the
+    other way round (the profiler is handed the engine's step timer)."""
+    import ast
+
+    engine = {"synchronizer", "hierarchy", "interface", "executor", "steps", "staging",
+              "nodelevels", "settings", "links", "codecs"}
+    wrong = []
+    for path in sorted((ROOT / "casync" / "model").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] if node.level != 1 else []
+                if node.level == 2 and node.module is None:
+                    names = [a.name for a in node.names]
+                elif node.level == 2:
+                    names = [node.module.split(".")[0]]
+                elif node.level == 0 and (node.module or "").startswith("casync."):
+                    names = [node.module.split(".")[1]]
+                wrong += [f"{path.name}: {n}" for n in names if n in engine]
+    assert not wrong, wrong
+
+
 def test_the_runtime_path_leaves_the_test_hosts_out():
     """A training process (the torch plugin, the engine) never loads the module that
     builds shaped test networks."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from casync import Engine
 from hipress import distributed as core
 from hipress.errors import SyncError
 
@@ -61,7 +62,7 @@ class Averager:
         self._engine = core.LazyEngine(options)
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine | None:
         return self._engine.engine
 
     def state_dict(self) -> dict[str, Any]:
