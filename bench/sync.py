@@ -137,10 +137,14 @@ def _allreduce_step(dist: Any, tensors: list[Any]) -> None:
             offset += p.numel()
 
 
-def _traffic(sync: Any) -> Any:
-    """What counts an engine's messages: a flat engine's transport, a hierarchical
-    engine's wire (both levels); the benchmark reads inside the engine on purpose."""
-    return getattr(sync, "wire", None) or sync.transport
+def _messages_of(sync: Any) -> int:
+    """Messages an engine has sent: a flat engine's transport's count; a hierarchical
+    engine's, both levels (its flat engines' and its intra-node collectives). The
+    benchmark reads inside the engines on purpose."""
+    wire = getattr(sync, "wire", None)
+    if wire is None:
+        return _messages(sync.transport)
+    return sum(_messages(e.transport) for e in wire.engines) + int(wire.intra_collectives)
 
 
 def _across(sync: Any) -> int:
@@ -281,7 +285,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
         _timed(dist, step_of(sync), reset, 0, warmup=2 if topo == "auto" else 1)
         sent0[topo] = sync.bytes_sent
         sent0[f"{topo} across"] = _across(sync)
-        msgs0[topo] = _messages(_traffic(sync))
+        msgs0[topo] = _messages_of(sync)
     times: dict[str, list[float]] = {topo: [] for topo in syncs}
     for _ in range(args.steps):
         for topo, sync in syncs.items():
@@ -290,7 +294,7 @@ def _bench_algorithm(dist: Any, args: argparse.Namespace, algo: str, tensors: li
     for topo, sync in syncs.items():
         steps = max(args.steps, 1)
         sent = (sync.bytes_sent - sent0[topo]) / steps
-        messages = _max_over_ranks(dist, (_messages(_traffic(sync)) - msgs0[topo]) / steps)
+        messages = _max_over_ranks(dist, (_messages_of(sync) - msgs0[topo]) / steps)
         across = (_across(sync) - sent0.get(f"{topo} across", 0)) / steps
         critical = _critical_path(dist, sync, step_of(sync), reset) + across / link_Bps
         rows.append({"case": f"casync {algo} {topo}", "algorithm": algo, "topology": topo,

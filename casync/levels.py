@@ -99,7 +99,8 @@ class Layout:
 
 class Wire:
     """A hierarchical engine's traffic, both levels: the flat engines' it runs across
-    nodes (through their ``bytes_sent``) and its own intra-node collectives."""
+    nodes (through their ``bytes_sent``, as any caller reads an engine) and its own
+    intra-node collectives."""
 
     def __init__(self, rank: int, size: int, engines: list[Any]) -> None:
         self.rank, self.size = rank, size
@@ -115,17 +116,6 @@ class Wire:
     def across_bytes(self) -> int:
         """Bytes sent by the engines whose messages may cross nodes."""
         return sum(int(e.bytes_sent) for e in self.engines)
-
-    @property
-    def messages_sent(self) -> int:
-        """Messages of the flat engines (this engine built them: it reads their
-        transports, which no caller of an engine does)."""
-        return sum(int(e.transport.messages_sent) for e in self.engines)
-
-    @property
-    def collectives(self) -> int:
-        return sum(int(e.transport.collectives) for e in self.engines) + \
-            self.intra_collectives
 
 
 @dataclass
