@@ -108,7 +108,6 @@ class Hierarchical:
                "intra-node dtype": intra_dtype, "pack elements": pack_elems,
                "topology across nodes": across}, group, self.rank, self.size, seconds)
         self.intra_dtype = getattr(torch, intra_dtype)
-        self.pack_elems = pack_elems
         self.timeout = seconds
         self._group = group
         self._groups = make_groups(layout, members, seconds)
@@ -116,8 +115,7 @@ class Hierarchical:
         self.chooser: Any = None
         self._engines(config.across(across), group, levels, planner, trace)
         self.config = self.inner.config
-        self.wire = Wire(self.rank, self.size, [e for e in (self.inner, self.flat)
-                                                if e is not None])
+        self.wire = Wire([e for e in (self.inner, self.flat) if e is not None])
         self.nodes = NodeLevels(layout, self._groups, self.intra_dtype, self.wire)
         self._flat_futures: list[Any] = []  # the step in progress's, from the flat engine
         self._flat_waiting: list[Any] = []
@@ -418,17 +416,15 @@ class Hierarchical:
             lifecycle.forget(self)
             for q in (self._reduce, self._gather):
                 q.put(_STOP)
-            if wait is None:
-                wait = 5.0 if self.error is None else 0.0
-            for thread in self._threads if wait > 0 else ():
-                thread.join(wait)
-            self.inner.close(wait)
+            own = (5.0 if self.error is None else 0.0) if wait is None else wait
+            for thread in self._threads if own > 0 else ():
+                thread.join(own)
+            self.inner.close(wait)  # each flat engine's default follows its own health
             if self.flat is not None:
                 self.flat.close(wait)
 
 
 _STOP = object()
-
 
 
 class _Waiter:

@@ -93,13 +93,7 @@ def engine(algorithm: EngineConfig | str | None = DEFAULT_ALGORITHM, topology: s
     """
     levels = {k: options.pop(k) for k in LEVEL_OPTIONS if k in options}
     try:
-        if isinstance(algorithm, EngineConfig):
-            if options:
-                raise ConfigError(f"engine() takes checked settings or the arguments to "
-                                  f"check, not both ({', '.join(sorted(options))})")
-            config = algorithm
-        else:
-            config = EngineConfig.of(algorithm, topology, planner, **options)
+        config = EngineConfig.resolve(algorithm, topology, planner, options)
         hierarchical = config.settings.topology == HIERARCHICAL
         if levels and not hierarchical:
             raise ConfigError(f"{', '.join(sorted(levels))} apply to topology "
@@ -109,8 +103,7 @@ def engine(algorithm: EngineConfig | str | None = DEFAULT_ALGORITHM, topology: s
         raise
     if hierarchical:
         return Hierarchical(config, group=group, planner=planner, trace=trace, **levels)
-    custom = planner is not None and not isinstance(planner, str)
-    if not custom and transport is None and _on_nodes(config, group):
+    if transport is None and _on_nodes(config, group):  # config.auto: no Planner given
         # plan="auto" on several nodes: each tensor flat or through the levels
         return Hierarchical(config, group=group, trace=trace,
                             across=config.settings.topology, levels="auto")

@@ -102,8 +102,7 @@ class Wire:
     nodes (through their ``bytes_sent``, as any caller reads an engine) and its own
     intra-node collectives."""
 
-    def __init__(self, rank: int, size: int, engines: list[Any]) -> None:
-        self.rank, self.size = rank, size
+    def __init__(self, engines: list[Any]) -> None:
         self.engines = engines  # the cross-node engine, and the flat one
         self.intra_bytes = 0
         self.intra_collectives = 0

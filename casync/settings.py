@@ -205,6 +205,24 @@ class EngineConfig:
         return cls(settings, custom, int(chunk_elems), int(seed), target,
                    cuda_transport_of(cuda_transport))
 
+    @classmethod
+    def resolve(cls, algorithm: str | None | EngineConfig, topology: str, planner: Any,
+                options: dict[str, Any]) -> EngineConfig:
+        """An engine's settings: ``algorithm`` when it is already an ``EngineConfig``
+        (``casync.engine`` and the plugins check once and pass it down; a ``Planner``
+        object then makes its plan the caller's), else the arguments checked now.
+
+        Raises:
+            ConfigError: checked settings given with more settings, or a bad value.
+        """
+        if not isinstance(algorithm, EngineConfig):
+            return cls.of(algorithm, topology, planner, **options)
+        if options:
+            raise ConfigError(f"an engine takes checked settings or the arguments to "
+                              f"check, not both ({', '.join(sorted(options))})")
+        custom = planner is not None and not isinstance(planner, str)
+        return algorithm.planned_by_caller() if custom else algorithm
+
     def planned_by_caller(self) -> EngineConfig:
         """These settings for an engine given its ``Planner`` object (a static plan)."""
         return replace(self, custom_planner=True,

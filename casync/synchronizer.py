@@ -401,20 +401,11 @@ class Synchronizer:
         return statistics.median(times)
 
 
+
 def _config(algorithm: str | None | EngineConfig, topology: str, planner: Any,
             options: dict[str, Any]) -> EngineConfig:
-    """The engine's checked settings: ``algorithm`` when it is already an ``EngineConfig``
-    (``casync.engine`` and the plugins check once and pass it down), else the arguments
-    checked now."""
-    if isinstance(algorithm, EngineConfig):
-        if options:
-            raise ConfigError(f"an engine built from checked settings takes no more of them "
-                              f"({', '.join(sorted(options))})")
-        config = algorithm
-        if planner is not None and not isinstance(planner, str):
-            config = config.planned_by_caller()
-    else:
-        config = EngineConfig.of(algorithm, topology, planner, **options)
+    """The engine's checked settings (``EngineConfig.resolve``), of one level."""
+    config = EngineConfig.resolve(algorithm, topology, planner, options)
     if config.settings.topology == HIERARCHICAL:
         raise ConfigError("a Synchronizer is one level; build a hierarchical engine with "
                           "casync.engine(algorithm, 'hierarchical', ...)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -196,11 +196,12 @@ class EngineOptions:
         """The user's settings, checked (``casync.settings.Settings``)."""
         return self.config.settings
 
-    def engine(self) -> Engine:
-        """An engine with these settings on ``group`` (joins the job first)."""
+    def engine(self, planner: Any = None) -> Engine:
+        """An engine with these settings on ``group`` (joins the job first); ``planner``:
+        a ``Planner`` object of the wrapper's own (FSDP2's reduce-scatter plans)."""
         if not is_initialized():
             init()
-        return synchronizer(self.config, group=self.group, trace=self.trace)
+        return synchronizer(self.config, group=self.group, planner=planner, trace=self.trace)
 
 
 class LazyEngine:
@@ -220,7 +221,7 @@ class LazyEngine:
 
     def get(self) -> Engine:
         """The live engine (a new one after ``shutdown()``)."""
-        if self.engine is None or not is_live(self.engine):
+        if not is_live(self.engine):
             self.engine = self.options.engine()
             if self._pending is not None:
                 state, reset = self._pending
@@ -231,7 +232,7 @@ class LazyEngine:
     def state_dict(self) -> dict[str, Any]:
         """The engine's state (``casync.Synchronizer.state_dict``); before it ever ran,
         the state it will start from ({} for a fresh one)."""
-        if self.engine is not None and is_live(self.engine):
+        if is_live(self.engine):
             return dict(self.engine.state_dict())
         return dict(self._pending[0]) if self._pending is not None else {}
 
@@ -239,13 +240,13 @@ class LazyEngine:
         """Continue from ``state``: now if the engine runs, else when it starts."""
         if not state:
             return  # saved before the engine ever ran: nothing to continue
-        if self.engine is not None and is_live(self.engine):
+        if is_live(self.engine):
             self.engine.load_state_dict(state, reset_residuals)
         else:
             self._pending = (dict(state), reset_residuals)
 
 
-def is_live(engine: Any) -> bool:
+def is_live(engine: Engine | None) -> TypeGuard[Engine]:
     """Whether ``engine`` is still usable (``shutdown()`` closes every engine)."""
     return engine is not None and engine in _engines
 

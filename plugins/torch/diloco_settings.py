@@ -28,6 +28,7 @@ DEFAULT_PARAMS = {"bits": 2}
 #: even the small ones are worth it, and error feedback keeps what they lose
 MIN_COMPRESS = 0
 
+
 def schedule(sync_every: Any, delay: Any, alpha: Any, count: int) -> tuple[int, int, float]:
     """``sync_every``, ``fragment_sync_delay`` and ``fragment_update_alpha``, checked
     against each other and the ``count`` fragments."""

@@ -54,13 +54,11 @@ class _ScatterOptions(core.EngineOptions):
     plans every buffer it is given as a compressed reduce-scatter (smaller ones never
     reach it, see ``_Comm``)."""
 
-    def engine(self) -> Engine:
-        if not core.is_initialized():
-            core.init()
-        planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm, SCATTER,
-                                min_compress=self.min_compress, **self.params)
-        return core.synchronizer(self.config, group=self.group, planner=planner,
-                                 trace=self.trace)
+    def engine(self, planner: Any = None) -> Engine:
+        if planner is None:
+            planner = StaticPlanner(None if self.algorithm == "none" else self.algorithm,
+                                    SCATTER, min_compress=self.min_compress, **self.params)
+        return super().engine(planner)
 
 
 class FSDPState:
